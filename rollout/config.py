@@ -1,0 +1,252 @@
+"""Configuration schema and loading.
+
+The schema is a tree of typed dataclasses. :func:`load_config` merges, in this order, the schema
+defaults, a YAML file and CLI overrides ``key=value`` (omegaconf dot-list syntax, e.g.
+``pool.num_actors=4 env.task_ids=[0,1]``), then validates. Unknown keys, wrong types and bad
+values raise :class:`ConfigError` naming the full key. Each component receives only its own
+section (``PolicyConfig`` for the policy client, ``EnvConfig`` for the environment, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
+from omegaconf.errors import OmegaConfBaseException
+
+from rollout.records import EpisodeStatus
+
+DOMAINS = ("airline", "retail")
+TASK_SPLITS = ("train", "test", "base")
+USER_KINDS = ("scripted", "llm")
+ON_PARSE_ERROR = ("feedback", "abort")
+LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """A configuration key is missing, unknown, of the wrong type or out of range."""
+
+
+@dataclass
+class SamplingConfig:
+    """SGLang ``sampling_params`` for policy turns (names as in SGLang's native API)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k truncation (SGLang's convention)
+    max_new_tokens: int = 512  # per assistant turn
+    # Stopping on "</tool_call>" enforces one tool call per turn (tau-bench allows one); the
+    # client then closes the turn with the template's end-of-turn tokens, masked 0.
+    stop: list[str] = field(default_factory=lambda: ["</tool_call>"])
+
+
+@dataclass
+class PolicyConfig:
+    """The policy behind the SGLang router."""
+
+    router_url: Optional[str] = None  # e.g. http://10.0.0.1:30000; null: the local stack's router
+    tokenizer: str = "builtin:qwen3"  # local folder, hub id, or builtin:qwen3
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_context_tokens: int = 32768  # prompt + response; past it the episode is truncated
+    request_timeout_s: float = 600.0  # one /generate call
+    max_request_retries: int = 3  # retries of a /generate call on connection errors / 5xx
+    on_parse_error: str = "feedback"  # feedback: tell the model and go on; abort: end the episode
+    enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
+
+
+@dataclass
+class UserConfig:
+    """The simulated user."""
+
+    kind: str = "scripted"  # scripted (deterministic, no LLM) | llm (OpenAI-compatible endpoint)
+    base_url: Optional[str] = None  # llm: e.g. http://host:port/v1; null with the local stack: its router
+    model: Optional[str] = None  # llm: model name sent to the endpoint
+    api_key_env: Optional[str] = None  # llm: name of the environment variable holding the API key
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    timeout_s: float = 120.0  # one user-simulator call
+
+
+@dataclass
+class EnvConfig:
+    """The tau2 environment."""
+
+    domain: str = "retail"
+    task_split: str = "base"  # tau2 split_tasks.json: train | test | base (all tasks)
+    task_ids: Optional[list[str]] = None  # null: every task of the split
+    max_steps: int = 30  # agent turns per episode
+    step_timeout_s: float = 30.0  # one tool call (hard: the step is killed past it)
+    reward_timeout_s: float = 120.0  # tau2 evaluate_simulation
+    user: UserConfig = field(default_factory=UserConfig)
+
+
+@dataclass
+class PoolConfig:
+    """The Ray actor pool."""
+
+    num_actors: int = 2
+    max_concurrent_episodes: int = 8  # per actor
+    num_cpus_per_actor: float = 1.0
+    max_episode_retries: int = 2  # re-runs of an episode whose actor died
+    episode_timeout_s: float = 3600.0  # whole episode, including retries of requests
+    ray_address: Optional[str] = None  # null: connect to a running cluster or start a local one
+
+
+@dataclass
+class RolloutConfig:
+    """What to run and where results go."""
+
+    n_samples_per_task: int = 1  # group size
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    weight_version: int = 0
+    # Statuses written to samples.jsonl (trainable); the others go to failed.jsonl.
+    train_statuses: list[str] = field(
+        default_factory=lambda: ["completed", "truncated", "parse_error", "tool_timeout"]
+    )
+
+
+@dataclass
+class TinyModelConfig:
+    """The tiny random Qwen3-architecture model of the local ``tiny`` backend."""
+
+    seed: int = 0
+    num_hidden_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 65536
+
+
+@dataclass
+class LocalConfig:
+    """The local stack: SGLang-protocol test servers behind the real sglang-router."""
+
+    enabled: bool = True
+    backend: str = "gold_replay"  # gold_replay | gold_replay_skip_write | tiny
+    num_servers: int = 1
+    host: str = "127.0.0.1"
+    router_port: Optional[int] = None  # null: a free port
+    startup_timeout_s: float = 120.0
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class LoggingConfig:
+    level: str = "INFO"
+    tau2_level: str = "WARNING"  # tau2 logs every tool response at DEBUG through loguru
+
+
+@dataclass
+class Config:
+    """The whole configuration; each component takes its own section."""
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def validate(cfg: Config) -> Config:
+    """Check values beyond their types.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    _check(cfg.env.domain in DOMAINS, "env.domain", f"must be one of {DOMAINS}, got {cfg.env.domain!r}")
+    _check(cfg.env.task_split in TASK_SPLITS, "env.task_split", f"must be one of {TASK_SPLITS}, got {cfg.env.task_split!r}")
+    _check(cfg.env.max_steps >= 1, "env.max_steps", "must be >= 1")
+    _check(cfg.env.step_timeout_s > 0, "env.step_timeout_s", "must be > 0")
+    _check(cfg.env.reward_timeout_s > 0, "env.reward_timeout_s", "must be > 0")
+    u = cfg.env.user
+    _check(u.kind in USER_KINDS, "env.user.kind", f"must be one of {USER_KINDS}, got {u.kind!r}")
+    if u.kind == "llm":
+        _check(bool(u.model), "env.user.model", "is required when env.user.kind=llm")
+        _check(u.base_url is not None or cfg.local.enabled, "env.user.base_url", "is required when env.user.kind=llm and local.enabled=false")
+    _check(u.timeout_s > 0, "env.user.timeout_s", "must be > 0")
+    _check(cfg.pool.num_actors >= 1, "pool.num_actors", "must be >= 1")
+    _check(cfg.pool.max_concurrent_episodes >= 1, "pool.max_concurrent_episodes", "must be >= 1")
+    _check(cfg.pool.num_cpus_per_actor >= 0, "pool.num_cpus_per_actor", "must be >= 0")
+    _check(cfg.pool.max_episode_retries >= 0, "pool.max_episode_retries", "must be >= 0")
+    p = cfg.policy
+    _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
+    if p.router_url is not None:
+        _check(p.router_url.startswith(("http://", "https://")), "policy.router_url", f"must start with http:// or https://, got {p.router_url!r}")
+    _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
+    _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
+    _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+    s = p.sampling
+    _check(s.temperature >= 0, "policy.sampling.temperature", "must be >= 0")
+    _check(0 < s.top_p <= 1, "policy.sampling.top_p", "must be in (0, 1]")
+    _check(s.top_k == -1 or s.top_k >= 1, "policy.sampling.top_k", "must be -1 (off) or >= 1")
+    _check(s.max_new_tokens >= 1, "policy.sampling.max_new_tokens", "must be >= 1")
+    r = cfg.rollout
+    _check(r.n_samples_per_task >= 1, "rollout.n_samples_per_task", "must be >= 1")
+    valid = {x.value for x in EpisodeStatus}
+    for st in r.train_statuses:
+        _check(st in valid, "rollout.train_statuses", f"unknown status {st!r}; valid: {sorted(valid)}")
+    _check(cfg.local.backend in LOCAL_BACKENDS, "local.backend", f"must be one of {LOCAL_BACKENDS}, got {cfg.local.backend!r}")
+    _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
+    _check(cfg.logging.level.upper() in LOG_LEVELS, "logging.level", f"must be one of {LOG_LEVELS}")
+    _check(cfg.logging.tau2_level.upper() in LOG_LEVELS, "logging.tau2_level", f"must be one of {LOG_LEVELS}")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a validated :class:`Config` from defaults, an optional YAML file and overrides.
+
+    Args:
+        path: YAML file; its keys must exist in the schema.
+        overrides: ``key=value`` strings (omegaconf dot-list syntax).
+
+    Raises:
+        ConfigError: unknown key, wrong type, malformed override or invalid value (the message
+            names the key); FileNotFoundError if ``path`` does not exist.
+    """
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = schema
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise FileNotFoundError(f"config file not found: {p}")
+            merged = OmegaConf.merge(merged, OmegaConf.load(p))
+        if overrides:
+            for o in overrides:
+                if "=" not in o:
+                    raise ConfigError(f"override {o!r} is not of the form key=value")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or getattr(e, "key", None)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    assert isinstance(cfg, Config)
+    return validate(cfg)
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    """Rebuild a validated :class:`Config` from :meth:`Config.to_dict` output (e.g. in a Ray job)."""
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(d)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    return validate(cfg)

@@ -1,0 +1,1 @@
+"""Environment adapters (tau2) and user simulators."""
