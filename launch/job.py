@@ -1,0 +1,21 @@
+"""Entry point of the rollout job on a Ray cluster (what ``ray job submit`` runs).
+
+Under ``ray job submit`` the variable ``RAY_ADDRESS`` points at the cluster, so the pool connects
+to it instead of starting a local Ray. Arguments are those of ``python -m rollout run``::
+
+    python launch/job.py --config configs/retail_grpo.yaml pool.num_actors=32
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Ray uploads the working directory and runs the job from it; make the package importable even
+# when the cluster's environment has only the dependencies installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rollout.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["run", "--no-progress", *sys.argv[1:]]))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Submit the rollout job to a Ray cluster with `ray job submit`.
+#
+#   launch/submit.sh [--address http://HEAD:8265] [--no-wait] -- --config configs/retail_grpo.yaml [key=value ...]
+#
+# --address defaults to $RAY_ADDRESS, then http://127.0.0.1:8265 (run it on the head node).
+# The project folder is uploaded as the job's working directory (virtual environments, outputs
+# and git data excluded); the cluster's Python environment must have the dependencies installed
+# (pip install -e . on every node, or add "pip" to the runtime env below).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+address="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+wait_flag=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --address) address="$2"; shift 2 ;;
+    --no-wait) wait_flag="--no-wait"; shift ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
+exec ray job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
+  -- python launch/job.py "$@"

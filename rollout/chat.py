@@ -1,0 +1,228 @@
+"""Exact delta tokenization with a model's chat template (DESIGN.md invariant 1).
+
+History is never re-rendered. The first prompt is the template's rendering of ``[system, user]``
+with the tools and the generation prompt. After each assistant turn the trajectory grows by
+
+* the generated ids, exactly as the server returned them (mask 1), then
+* the end-of-turn token(s) if the server did not generate them, e.g. when generation stopped on
+  the stop string ``</tool_call>`` (a *turn-boundary repair*, mask 0), then
+* the *delta* of the next non-assistant messages (mask 0): everything the template renders after
+  the end-of-turn token of the previous assistant turn, up to and including the next generation
+  prompt. For Qwen3 that is ``"\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n"``:
+  it starts with the newline the server never generates (the lost-newline bug of verl #3720/#6501).
+
+The delta is rendered after a fixed one-turn dummy conversation whose assistant content is a
+marker, and cut right after the marker's end-of-turn text. It therefore does not depend on how the
+template renders earlier turns (Qwen3 drops earlier ``<think>`` blocks once a new user turn
+arrives, so re-rendering history is not prefix-stable). :meth:`ChatTemplate.probe` checks, for the
+configured tokenizer, that this construction is sound and reports which renderings are prefix-stable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_MARK = "ROLLOUT-DELTA-MARK-5c1e"
+_DUMMY_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+_DUMMY_USER = {"role": "user", "content": "Hello."}
+
+
+class TemplateError(RuntimeError):
+    """The chat template cannot be used for exact delta tokenization; the message says why."""
+
+
+@dataclass
+class TemplateReport:
+    """What :meth:`ChatTemplate.probe` found.
+
+    Attributes:
+        end_of_turn: the text that closes an assistant turn (e.g. ``<|im_end|>``).
+        turn_tail: template text after the end-of-turn that the server never generates
+            (``"\\n"`` for Qwen3); it opens every delta.
+        prefix_stable: per case, whether rendering the history alone is a prefix of rendering it
+            with the next message (``False`` is expected for Qwen3 after a thinking turn: that is
+            why history is never re-rendered).
+        delta_independent: per case, whether the delta of a message is the same whatever the
+            previous assistant turn contained (required: False is fatal).
+        canonical_boundary: per case, whether tokenizing the delta on its own gives the same ids as
+            tokenizing the whole rendered text (False is not fatal: the trajectory is still what
+            the policy saw, but not the canonical tokenization).
+        problems: fatal findings; empty when the template is usable.
+    """
+
+    end_of_turn: str
+    turn_tail: str
+    prefix_stable: dict[str, bool] = field(default_factory=dict)
+    delta_independent: dict[str, bool] = field(default_factory=dict)
+    canonical_boundary: dict[str, bool] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        def fmt(d: dict[str, bool]) -> str:
+            return ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in d.items())
+
+        lines = [
+            f"end of turn {self.end_of_turn!r}, tail after it {self.turn_tail!r}",
+            f"prefix-stable re-rendering: {fmt(self.prefix_stable)}",
+            f"delta independent of earlier turns: {fmt(self.delta_independent)}",
+            f"canonical tokenization at turn boundaries: {fmt(self.canonical_boundary)}",
+        ]
+        lines += [f"PROBLEM: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class ChatTemplate:
+    """Renders prompts and message deltas to token ids with one tokenizer's chat template.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template.
+        tools: OpenAI-style tool schemas given to the template (rendered into the system turn).
+        template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g.
+            ``{"enable_thinking": False}`` for Qwen3).
+
+    Raises:
+        TemplateError: the tokenizer has no EOS token to close assistant turns with.
+    """
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.template_kwargs = dict(template_kwargs or {})
+        eot = getattr(tokenizer, "eos_token", None)
+        if not eot:
+            raise TemplateError("tokenizer has no eos_token: cannot tell where an assistant turn ends")
+        self.end_of_turn: str = eot
+        self.eot_ids: list[int] = tokenizer.encode(eot, add_special_tokens=False)
+        if not self.eot_ids:
+            raise TemplateError(f"end-of-turn text {eot!r} tokenizes to nothing")
+        self._turn_tail: str | None = None
+
+    # -- rendering ---------------------------------------------------------------------------
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools if tools else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize template text (special tokens in the text become their ids; no BOS added)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """Decode generated ids keeping special tokens (``<tool_call>`` is one in Qwen3)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Ids of the first prompt: ``messages`` (system and first user turn) + generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def _delta_text(self, messages: list[dict], previous_assistant: dict | None = None) -> str:
+        prev = previous_assistant or {"role": "assistant", "content": _MARK}
+        base = [_DUMMY_SYSTEM, _DUMMY_USER, prev]
+        full = self.render(base + list(messages), add_generation_prompt=True, tools=False)
+        at = full.rfind(_MARK)
+        if at < 0:
+            raise TemplateError("the chat template dropped the previous assistant turn's content")
+        end = at + len(_MARK)
+        if previous_assistant is None:
+            if not full.startswith(self.end_of_turn, end):
+                raise TemplateError(
+                    f"the chat template does not close an assistant turn with the EOS text {self.end_of_turn!r} "
+                    f"(found {full[end:end + 20]!r}); exact delta tokenization needs it to"
+                )
+        else:  # probing: the turn may go on after the marker (e.g. a rendered tool call)
+            end = full.find(self.end_of_turn, end)
+            if end < 0:
+                raise TemplateError("the chat template does not close the assistant turn with its EOS text")
+        return full[end + len(self.end_of_turn) :]
+
+    def delta_ids(self, messages: list[dict]) -> list[int]:
+        """Ids to append after an assistant turn closed by its end-of-turn token.
+
+        Args:
+            messages: the non-assistant messages that follow (tool results and/or user turns).
+
+        Returns:
+            Ids of the template's text from just after the end-of-turn token through the next
+            generation prompt (all of it masked 0 by the caller).
+
+        Raises:
+            TemplateError: the template does not close assistant turns with its EOS text.
+        """
+        return self.encode(self._delta_text(messages))
+
+    @property
+    def turn_tail(self) -> str:
+        """Template text between an assistant's end-of-turn and the next message (``"\\n"`` for Qwen3)."""
+        if self._turn_tail is None:
+            full = self.render([_DUMMY_SYSTEM, _DUMMY_USER, {"role": "assistant", "content": _MARK}], False, tools=False)
+            at = full.rfind(_MARK) + len(_MARK)
+            self._turn_tail = full[at + len(self.end_of_turn) :] if full.startswith(self.end_of_turn, at) else ""
+        return self._turn_tail
+
+    def ends_turn(self, generated_ids: list[int]) -> bool:
+        """Whether generated ids end with the end-of-turn token(s)."""
+        n = len(self.eot_ids)
+        return len(generated_ids) >= n and generated_ids[-n:] == self.eot_ids
+
+    # -- probe ---------------------------------------------------------------------------------
+    def probe(self) -> TemplateReport:
+        """Check that exact delta tokenization works with this template; report prefix stability.
+
+        Cases cover the roles in use: a user turn and a tool result after an assistant turn with
+        and without ``<think>`` reasoning and with a tool call.
+
+        Returns:
+            A :class:`TemplateReport`; ``report.ok`` is False when the delta construction is unsound.
+        """
+        rep = TemplateReport(end_of_turn=self.end_of_turn, turn_tail="")
+        try:
+            rep.turn_tail = self.turn_tail
+            self._delta_text([{"role": "user", "content": "x"}])
+        except TemplateError as e:
+            rep.problems.append(str(e))
+            return rep
+        call = {"type": "function", "function": {"name": "lookup", "arguments": {"id": "1"}}}
+        assistants = {
+            "plain": {"role": "assistant", "content": "Sure."},
+            "thinking": {"role": "assistant", "content": "<think>\nreasoning\n</think>\n\nSure."},
+            "tool_call": {"role": "assistant", "content": "", "tool_calls": [call]},
+        }
+        nexts = {
+            "user": [{"role": "user", "content": "Next question?"}],
+            "tool": [{"role": "tool", "content": '{"ok": true}'}],
+        }
+        for nk, new in nexts.items():
+            ref = self._delta_text(new)
+            for ak, asst in assistants.items():
+                case = f"{nk}_after_{ak}"
+                hist = [_DUMMY_SYSTEM, _DUMMY_USER, asst]
+                rep.prefix_stable[case] = self.render(hist + new, True, tools=False).startswith(self.render(hist, False, tools=False))
+                # Delta of `new` when the previous assistant turn had this shape (marker inside).
+                marked = dict(asst)
+                marked["content"] = (asst["content"] or "") + _MARK
+                try:
+                    same = self._delta_text(new, previous_assistant=marked) == ref
+                except TemplateError:
+                    same = False
+                rep.delta_independent[case] = same
+                if not same:
+                    rep.problems.append(
+                        f"the template renders a {nk} message differently after an assistant turn of kind "
+                        f"'{ak}': appending deltas cannot reproduce it exactly"
+                    )
+            # Canonical tokenization: ids(prefix) + ids(delta) == ids(prefix + delta)?
+            prefix = self.render([_DUMMY_SYSTEM, _DUMMY_USER], True, tools=False) + "Sure." + self.end_of_turn
+            rep.canonical_boundary[nk] = self.encode(prefix) + self.encode(ref) == self.encode(prefix + ref)
+        return rep

@@ -1,0 +1,417 @@
+"""tau2-bench environments behind the seed's interface.
+
+``Tau2Domain`` loads one domain's tasks, policy and tool schemas once per actor.
+``Tau2Environment`` is one episode's environment, with the seed's shape made async:
+``reset(task_id) -> (observation, info)`` and ``step(action) -> (observation, reward, done, info)``.
+
+* A tool action runs the tool in tau2's environment and returns the tool's output.
+* A respond action (plain text) goes to the user simulator and returns the user's reply.
+* The episode ends when the user stops (``###STOP###``) or is transferred, when the agent calls
+  ``transfer_to_human_agents`` or says ``###STOP###``; the caller enforces max steps.
+* At the end the reward comes from tau2's own evaluator (``evaluate_simulation`` with
+  ``EvaluationType.ALL``; 0.3 s to 0.7 s per episode on a 2-core machine, run off the event loop).
+
+Nothing blocks the event loop: building an environment, tool calls and evaluation run in threads,
+each with a timeout. Tools that touch no database (tau2's ``GENERIC`` and ``THINK`` tools, e.g.
+``calculate``, which evaluates its argument with Python's ``eval``) run in a separate sandbox
+process that is killed when a call outlives ``env.step_timeout_s``: a pathological expression such
+as ``9**9**9**9`` cannot hang the actor. Read and write tools are dictionary look-ups and updates
+on the episode's own database and run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.config import EnvConfig
+from rollout.env.user import STOP, UserSimulator, UserSimulatorError
+
+logger = logging.getLogger(__name__)
+
+TRANSFER_TOOL = "transfer_to_human_agents"
+RESPOND = "respond"
+_PURE_TOOL_TYPES = ("generic", "think")
+
+
+class EnvironmentStepError(RuntimeError):
+    """Environment code failed (not the policy's fault): an infrastructure failure."""
+
+
+class ToolTimeoutError(RuntimeError):
+    """A tool call ran past ``env.step_timeout_s`` and was stopped."""
+
+
+class RewardError(RuntimeError):
+    """tau2's evaluator failed or timed out: an infrastructure failure."""
+
+
+def _import_tau2(log_level: str = "WARNING"):
+    """Import tau2 with litellm kept offline and loguru at ``log_level`` (tau2 logs every tool
+    response at DEBUG). Idempotent; about 1-2 s the first time."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import tau2  # noqa: F401
+    from loguru import logger as loguru_logger
+
+    if getattr(_import_tau2, "_level", None) != log_level:
+        loguru_logger.remove()
+        loguru_logger.add(sys.stderr, level=log_level.upper())
+        _import_tau2._level = log_level  # type: ignore[attr-defined]
+
+
+def _domain_module(domain: str):
+    _import_tau2()
+    if domain == "retail":
+        from tau2.domains.retail import environment as mod
+    elif domain == "airline":
+        from tau2.domains.airline import environment as mod
+    else:
+        raise ValueError(f"env.domain: unsupported tau2 domain {domain!r} (airline | retail)")
+    return mod
+
+
+@dataclass(frozen=True)
+class Action:
+    """One agent action: a tool call (``name`` = tool, ``arguments``) or a reply (``name == "respond"``).
+
+    ``content`` is the assistant's visible text (for a tool call, any text around the call).
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    content: str = ""
+
+    @property
+    def is_respond(self) -> bool:
+        return self.name == RESPOND
+
+
+class Tau2Domain:
+    """One tau2 domain's static data, loaded once per actor.
+
+    Attributes:
+        name: ``airline`` | ``retail``.
+        tasks: task id -> ``tau2`` Task, every task of the domain.
+        splits: split name (``train`` / ``test`` / ``base``) -> task ids, from tau2's split_tasks.json.
+        policy: the domain policy (the agent's system prompt).
+        tool_schemas: OpenAI-style function schemas of the agent's tools.
+        tool_types: tool name -> tau2 ToolType value (``read`` / ``write`` / ``think`` / ``generic``).
+    """
+
+    def __init__(self, name: str, tau2_log_level: str = "WARNING"):
+        _import_tau2(tau2_log_level)
+        mod = _domain_module(name)
+        from tau2.environment.toolkit import get_tool_types
+
+        self.name = name
+        self._mod = mod
+        self.tasks = {t.id: t for t in mod.get_tasks(None)}
+        self.splits: dict[str, list[str]] = mod.get_tasks_split()
+        env = mod.get_environment()
+        self.policy: str = env.get_policy()
+        self.tool_schemas: list[dict] = [t.openai_schema for t in env.get_tools()]
+        self.tool_names: list[str] = [s["function"]["name"] for s in self.tool_schemas]
+        self.tool_types: dict[str, str] = {k: v.value for k, v in get_tool_types(env.tools).items()}
+
+    @property
+    def system_prompt(self) -> str:
+        """The agent's system prompt: tau2's own agent instruction and the domain policy."""
+        from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT
+
+        return SYSTEM_PROMPT.format(agent_instruction=AGENT_INSTRUCTION, domain_policy=self.policy)
+
+    def task_ids(self, split: str, ids: list[str] | None = None) -> list[str]:
+        """Task ids of ``split`` (tau2 order), or ``ids`` checked against the domain.
+
+        Raises:
+            KeyError: an id is not a task of the domain, or the split does not exist.
+        """
+        if split not in self.splits:
+            raise KeyError(f"env.task_split: domain {self.name} has no split {split!r} (has {sorted(self.splits)})")
+        if ids is None:
+            return list(self.splits[split])
+        missing = [i for i in ids if str(i) not in self.tasks]
+        if missing:
+            raise KeyError(f"env.task_ids: not tasks of domain {self.name}: {missing[:10]}")
+        return [str(i) for i in ids]
+
+    def new_environment(self):
+        """A fresh tau2 ``Environment`` with its own database (30-280 ms, 7-27 MB)."""
+        return self._mod.get_environment()
+
+
+# -- sandbox for tools that touch no database ----------------------------------------------------
+def _sandbox_main(conn, domain: str) -> None:  # runs in the child process
+    mod = _domain_module(domain)
+    env = mod.get_environment()
+    from tau2.data_model.message import ToolCall
+
+    conn.send("ready")
+    while True:
+        try:
+            name, args = conn.recv()
+        except EOFError:
+            return
+        msg = env.get_response(ToolCall(id="sandbox", name=name, arguments=args))
+        conn.send((msg.content, msg.error))
+
+
+class ToolSandbox:
+    """A child process that runs database-free tools and is killed when a call runs too long.
+
+    One per actor, shared by its episodes; calls are serialised (such tools are rare and fast).
+    The process is started on first use with the ``spawn`` method and restarted after a kill.
+    """
+
+    def __init__(self, domain: str, startup_timeout_s: float = 120.0):
+        self.domain = domain
+        self.startup_timeout_s = startup_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._lock = threading.Lock()
+        self.kills = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _ensure(self) -> None:
+        """Start the child if needed and wait until it has built its environment; this start-up
+        (a tau2 import, 1-3 s) is not counted against any step's timeout."""
+        if self._proc is not None and self._proc.is_alive():
+            return
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain), daemon=True, name=f"tool-sandbox-{self.domain}")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(self.startup_timeout_s) or parent.recv() != "ready":
+            self.kill()
+            raise EnvironmentStepError(f"tool sandbox did not start within {self.startup_timeout_s}s")
+
+    def _stop(self) -> bool:
+        proc, self._proc = self._proc, None
+        if proc is None or not proc.is_alive():
+            return False
+        proc.kill()
+        proc.join(timeout=5)
+        return True
+
+    def kill(self) -> None:
+        """Kill the child (a call ran too long or the pipe broke); counted in ``kills``."""
+        self.kills += int(self._stop())
+
+    def call(self, name: str, args: dict, timeout_s: float) -> tuple[str, bool]:
+        """Run one tool call; blocking (call it from a thread).
+
+        Raises:
+            ToolTimeoutError: no answer within ``timeout_s`` (the process is killed).
+            EnvironmentStepError: the sandbox process died.
+        """
+        with self._lock:
+            self._ensure()
+            t0 = time.monotonic()
+            try:
+                self._conn.send((name, args))
+                if self._conn.poll(timeout_s):
+                    return self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as e:
+                self.kill()
+                raise EnvironmentStepError(f"tool sandbox died: {e!r}") from None
+            self.kill()
+            raise ToolTimeoutError(f"tool {name!r} ran longer than {timeout_s:.1f}s ({time.monotonic() - t0:.1f}s) and was killed")
+
+    def close(self) -> None:
+        self._stop()
+
+
+class Tau2Environment:
+    """One episode's tau2 environment (async, seed-shaped).
+
+    Args:
+        domain: the actor's :class:`Tau2Domain`.
+        user: the episode's user simulator.
+        cfg: the ``env`` section.
+        executor: thread pool for tau2 calls (``None``: the loop's default executor).
+        sandbox: the actor's :class:`ToolSandbox` for database-free tools (``None``: run them in a
+            thread, without a hard bound).
+
+    ``step`` raises :class:`ToolTimeoutError` (policy-caused), :class:`EnvironmentStepError`,
+    :class:`UserSimulatorError` or :class:`RewardError` (infrastructure); a tool that raises
+    inside tau2 is not an error here: tau2 turns it into an error observation for the agent.
+    """
+
+    def __init__(self, domain: Tau2Domain, user: UserSimulator, cfg: EnvConfig, executor: Executor | None = None, sandbox: ToolSandbox | None = None):
+        self.domain = domain
+        self.user = user
+        self.cfg = cfg
+        self.executor = executor
+        self.sandbox = sandbox
+        self.task = None
+        self._env = None
+        self.messages: list[Any] = []  # tau2 messages, for tau2's evaluator
+        self.termination: str | None = None
+        self._start = 0.0
+        self.timings = {"env_s": 0.0, "tool_s": 0.0, "user_s": 0.0, "reward_s": 0.0}
+
+    async def _in_thread(self, fn, *args, timeout: float):
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(self.executor, fn, *args), timeout=timeout)
+
+    async def reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        """Start the episode on ``task_id``.
+
+        Returns:
+            ``(observation, info)``: the user's opening message, and ``{"task_id", "domain"}``.
+
+        Raises:
+            EnvironmentStepError, UserSimulatorError.
+        """
+        from tau2.data_model.message import UserMessage
+
+        self.task = self.domain.tasks[str(task_id)]
+        self._start = time.time()
+        t0 = time.monotonic()
+        try:
+            self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
+        except asyncio.TimeoutError:
+            raise EnvironmentStepError(f"building the {self.domain.name} environment took over {self.cfg.step_timeout_s}s") from None
+        except Exception as e:
+            raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
+        self.timings["env_s"] += time.monotonic() - t0
+        t0 = time.monotonic()
+        opening = await self.user.start()
+        self.timings["user_s"] += time.monotonic() - t0
+        self.messages.append(UserMessage(role="user", content=opening))
+        return opening, {"task_id": self.task.id, "domain": self.domain.name}
+
+    def _build_env(self):
+        env = self.domain.new_environment()
+        st = self.task.initial_state
+        if st is not None and (st.initialization_data or st.initialization_actions or st.message_history):
+            env.set_state(
+                initialization_data=st.initialization_data,
+                initialization_actions=st.initialization_actions,
+                message_history=st.message_history or [],
+            )
+        return env
+
+    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply one agent action.
+
+        Returns:
+            ``(observation, reward, done, info)``. ``observation`` is the tool output (``info["role"]
+            == "tool"``) or the user's reply (``"user"``). ``reward`` is tau2's reward when ``done``
+            (0.0 before). ``info`` has ``role``, ``termination`` (``user_stop`` | ``transfer`` |
+            ``agent_stop`` | None), ``tool_error`` and, when done, ``reward_info``.
+        """
+        from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
+        if self._env is None:
+            raise EnvironmentStepError("step() before reset()")
+        info: dict[str, Any] = {"termination": None, "tool_error": False}
+        if action.is_respond:
+            self.messages.append(AssistantMessage(role="assistant", content=action.content))
+            if STOP in action.content:
+                info["role"] = "user"
+                return await self._finish("agent_stop", "", info)
+            t0 = time.monotonic()
+            reply = await self.user.respond(action.content)
+            self.timings["user_s"] += time.monotonic() - t0
+            self.messages.append(UserMessage(role="user", content=reply.text))
+            info["role"] = "user"
+            if reply.stop:
+                return await self._finish("transfer" if reply.transfer else "user_stop", reply.text, info)
+            return reply.text, 0.0, False, info
+
+        call = ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=action.name, arguments=action.arguments)
+        self.messages.append(AssistantMessage(role="assistant", content=action.content or None, tool_calls=[call]))
+        t0 = time.monotonic()
+        content, error = await self._run_tool(call)
+        self.timings["tool_s"] += time.monotonic() - t0
+        self.messages.append(ToolMessage(id=call.id, role="tool", content=content, requestor="assistant", error=error))
+        info.update(role="tool", tool_error=error)
+        if action.name == TRANSFER_TOOL:
+            return await self._finish("transfer", content, info)
+        return content, 0.0, False, info
+
+    async def _run_tool(self, call) -> tuple[str, bool]:
+        timeout = self.cfg.step_timeout_s
+        pure = self.domain.tool_types.get(call.name) in _PURE_TOOL_TYPES
+        try:
+            if pure and self.sandbox is not None:
+                # The thread returns by itself once the sandbox answers or is killed.
+                budget = timeout + self.sandbox.startup_timeout_s + 5.0
+                return await self._in_thread(self.sandbox.call, call.name, call.arguments, timeout, timeout=budget)
+            msg = await self._in_thread(self._env.get_response, call, timeout=timeout)
+            return msg.content, bool(msg.error)
+        except asyncio.TimeoutError:
+            raise ToolTimeoutError(f"tool {call.name!r} ran longer than {timeout}s") from None
+        except (ToolTimeoutError, EnvironmentStepError):
+            raise
+        except Exception as e:
+            raise EnvironmentStepError(f"tool {call.name!r} failed outside tau2's error handling: {e!r}") from e
+
+    async def _finish(self, termination: str, observation: str, info: dict[str, Any]):
+        self.termination = termination
+        info["termination"] = termination
+        t0 = time.monotonic()
+        reward, reward_info = await self.evaluate(termination)
+        self.timings["reward_s"] += time.monotonic() - t0
+        info["reward_info"] = reward_info
+        return observation, reward, True, info
+
+    async def evaluate(self, termination: str) -> tuple[float, dict[str, Any]]:
+        """tau2's reward for the conversation so far, ending with ``termination``.
+
+        Raises:
+            RewardError: the evaluator raised or ran past ``env.reward_timeout_s``.
+        """
+        try:
+            return await self._in_thread(self._evaluate_sync, termination, timeout=self.cfg.reward_timeout_s)
+        except asyncio.TimeoutError:
+            raise RewardError(f"tau2 evaluation took over {self.cfg.reward_timeout_s}s") from None
+        except Exception as e:
+            raise RewardError(f"tau2 evaluation failed: {e!r}") from e
+
+    def _evaluate_sync(self, termination: str) -> tuple[float, dict[str, Any]]:
+        from tau2.data_model.simulation import SimulationRun, TerminationReason
+        from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+        reason = {
+            "user_stop": TerminationReason.USER_STOP,
+            "transfer": TerminationReason.USER_STOP,  # tau2's user says ###TRANSFER### and stops
+            "agent_stop": TerminationReason.AGENT_STOP,
+        }[termination]
+        end = time.time()
+        sim = SimulationRun(
+            id=uuid.uuid4().hex,
+            task_id=self.task.id,
+            start_time=str(self._start),
+            end_time=str(end),
+            duration=end - self._start,
+            termination_reason=reason,
+            messages=self.messages,
+        )
+        ri = evaluate_simulation(sim, self.task, EvaluationType.ALL, solo_mode=False, domain=self.domain.name)
+        breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (ri.reward_breakdown or {}).items()}
+        info = {
+            "reward_breakdown": breakdown,
+            "db_match": ri.db_check.db_match if ri.db_check is not None else None,
+            "communicate_met": [c.met for c in ri.communicate_checks] if ri.communicate_checks else None,
+            "action_match": [c.action_match for c in ri.action_checks] if ri.action_checks else None,
+        }
+        return float(ri.reward), info
+
+    async def close(self) -> None:
+        self._env = None

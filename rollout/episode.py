@@ -1,0 +1,217 @@
+"""The episode loop: one multi-turn tau-bench conversation, token in / token out.
+
+Plain asyncio, no Ray (DESIGN.md invariant 6). :func:`run_episode` is the seed's ``asolve``
+redone: the trajectory is append-only (each request's ``input_ids`` is the trajectory so far, each
+answer's ids are appended as sampled), only non-assistant messages are tokenized (as template
+deltas), every step has a timeout, and every way an episode can end is a typed
+:class:`~rollout.records.EpisodeStatus`. It never raises for anything a model, a tool, a user
+simulator or a server does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rollout.chat import ChatTemplate
+from rollout.env.tau2_env import RESPOND, Action, EnvironmentStepError, RewardError, ToolTimeoutError
+from rollout.env.user import UserSimulatorError
+from rollout.parsing import ParseError, parse_turn
+from rollout.policy import PolicyClient, PolicyServerError
+from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory
+
+logger = logging.getLogger(__name__)
+
+PARSE_FEEDBACK = (
+    "[format error] Your last message could not be used: {error}. Reply to the user in plain text, "
+    'or call exactly one tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+)
+
+
+class Environment(Protocol):
+    """The seed's environment shape, async (see :class:`rollout.env.tau2_env.Tau2Environment`)."""
+
+    timings: dict[str, float]
+
+    async def reset(self, task_id: str) -> tuple[str, dict[str, Any]]: ...
+
+    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What the loop needs from the config, resolved once per actor.
+
+    Attributes:
+        max_steps: agent turns (``env.max_steps``).
+        max_new_tokens: per turn (``policy.sampling.max_new_tokens``).
+        max_context_tokens: prompt + response bound (``policy.max_context_tokens``).
+        on_parse_error: ``feedback`` | ``abort``.
+        system_prompt: the agent's system prompt.
+        tool_names: the tools the parser accepts.
+    """
+
+    max_steps: int
+    max_new_tokens: int
+    max_context_tokens: int
+    on_parse_error: str
+    system_prompt: str
+    tool_names: tuple[str, ...]
+
+
+def _request_seed(spec: EpisodeSpec, step: int) -> int:
+    return (spec.seed * 1_000_003 + step) % (2**31 - 1)
+
+
+async def run_episode(
+    spec: EpisodeSpec,
+    env: Environment,
+    policy: PolicyClient,
+    chat: ChatTemplate,
+    settings: EpisodeSettings,
+) -> InteractionResult:
+    """Run one episode to its end.
+
+    Args:
+        spec: what to run.
+        env: a fresh environment for this episode (owns the user simulator).
+        policy: the ``/generate`` client.
+        chat: the actor's chat template (tools already bound).
+        settings: loop limits and prompt.
+
+    Returns:
+        An :class:`InteractionResult` whose trajectory satisfies invariant 1: ``tokens`` starts with
+        every request's ``input_ids`` followed by that request's generated ids; ``loss_mask`` is 1
+        exactly on generated ids; ``rollout_log_probs`` is aligned (0.0 where the mask is 0).
+    """
+    t_start = time.monotonic()
+    eid = spec.episode_id
+    meta: dict[str, Any] = {
+        "turns": 0,
+        "requests": 0,
+        "parse_errors": 0,
+        "turn_boundary_repairs": 0,
+        "length_finishes": 0,
+        "tool_errors": 0,
+        "termination_reason": None,
+        "error": None,
+    }
+    timings = {"generate_s": 0.0}
+    messages: list[dict[str, Any]] = []
+    traj: Trajectory | None = None
+    reward = 0.0
+    status: EpisodeStatus
+
+    def finish(st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
+        meta["termination_reason"] = reason
+        if error:
+            meta["error"] = error
+            log = logger.warning if st.is_infrastructure_failure else logger.info
+            log("episode %s (task %s): %s: %s", eid, spec.task_id, st.value, error)
+        timings.update({k: round(v, 4) for k, v in getattr(env, "timings", {}).items()})
+        timings["total_s"] = round(time.monotonic() - t_start, 4)
+        meta["timings"] = timings
+        if traj is not None:
+            traj.check()
+            meta["prompt_tokens"] = len(traj.prompt_ids)
+            meta["response_tokens"] = traj.response_length
+            meta["generated_tokens"] = sum(traj.loss_mask)
+        return InteractionResult(spec=spec, status=st, reward=reward, trajectory=traj, messages=messages, metadata=meta)
+
+    # -- reset ---------------------------------------------------------------------------------
+    try:
+        opening, _ = await env.reset(spec.task_id)
+    except UserSimulatorError as e:
+        return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+    except Exception as e:  # EnvironmentStepError or anything from environment code
+        return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
+    messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
+    traj = Trajectory(prompt_ids=chat.prompt_ids(messages))
+
+    # -- turns ---------------------------------------------------------------------------------
+    for step in range(settings.max_steps):
+        budget = settings.max_context_tokens - len(traj)
+        if budget <= 0:
+            return finish(EpisodeStatus.TRUNCATED, "context")
+        t0 = time.monotonic()
+        try:
+            gen = await policy.generate(
+                traj.tokens,
+                max_new_tokens=min(settings.max_new_tokens, budget),
+                rid=f"{eid}#{step}",
+                routing_key=eid,
+                seed=_request_seed(spec, step),
+            )
+        except PolicyServerError as e:
+            return finish(EpisodeStatus.POLICY_ERROR, "policy_error", str(e))
+        timings["generate_s"] += time.monotonic() - t0
+        meta["requests"] += 1
+        traj.append_generated(gen.ids, gen.log_probs)
+        if gen.finish_type == "abort":
+            return finish(EpisodeStatus.ABORTED, "abort", "the policy server aborted generation")
+        meta["turns"] += 1
+        closed = chat.ends_turn(gen.ids)
+        text = chat.decode(gen.ids[: len(gen.ids) - len(chat.eot_ids)] if closed else gen.ids)
+        if not closed:
+            # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
+            # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
+            traj.append_context(chat.eot_ids)
+            meta["turn_boundary_repairs"] += 1
+        if gen.finish_type == "length":
+            meta["length_finishes"] += 1
+
+        try:
+            parsed = parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
+        except ParseError as e:
+            meta["parse_errors"] += 1
+            messages.append({"role": "assistant", "content": text})
+            if settings.on_parse_error == "abort":
+                return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
+            feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
+            messages.append(feedback)
+            traj.append_context(chat.delta_ids([feedback]))
+            continue
+
+        messages.append(parsed.to_message())
+        if parsed.tool_call is not None:
+            action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
+        else:
+            action = Action(name=RESPOND, content=parsed.content)
+        try:
+            observation, r, done, info = await env.step(action)
+        except ToolTimeoutError as e:
+            return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
+        except UserSimulatorError as e:
+            return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+        except RewardError as e:
+            return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
+        except EnvironmentStepError as e:
+            return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
+        except Exception as e:  # a bug in environment code must not crash the actor
+            return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
+        meta["tool_errors"] += int(bool(info.get("tool_error")))
+        if done:
+            reward = float(r)
+            meta["reward_info"] = info.get("reward_info")
+            messages.append({"role": info.get("role", "user"), "content": observation})
+            return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
+        nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
+        messages.append(nxt)
+        traj.append_context(chat.delta_ids([nxt]))
+    return finish(EpisodeStatus.TRUNCATED, "max_steps")
+
+
+def _strip_trailing_specials(text: str, chat: ChatTemplate) -> str:
+    """Drop end-of-sequence texts (e.g. ``<|endoftext|>``) a model may end a turn with."""
+    tok = chat.tokenizer
+    ends = {t for t in (getattr(tok, "eos_token", None), getattr(tok, "pad_token", None)) if t}
+    changed = True
+    while changed:
+        changed = False
+        for e in ends:
+            if text.endswith(e):
+                text = text[: -len(e)]
+                changed = True
+    return text

@@ -1,0 +1,136 @@
+"""The rollout worker: a plain class around :func:`rollout.episode.run_episode`.
+
+It owns what one actor owns (DESIGN.md invariant 5): the tokenizer and chat template (loaded and
+probed once), the tau2 domain data, the tool sandbox, a thread pool for tau2 calls and one aiohttp
+session. :mod:`rollout.pool` turns it into a Ray actor in one place; tests use it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import aiohttp
+
+from rollout.chat import ChatTemplate, TemplateError
+from rollout.config import EnvConfig, LoggingConfig, PolicyConfig
+from rollout.env.tau2_env import Tau2Domain, Tau2Environment, ToolSandbox
+from rollout.env.user import make_user
+from rollout.episode import EpisodeSettings, run_episode
+from rollout.policy import SGLangClient
+from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def setup_logging(cfg: LoggingConfig) -> None:
+    """Configure the root logger once per process (idempotent)."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_rollout", False) for h in root.handlers):
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"))
+        h._rollout = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(cfg.level.upper())
+
+
+class RolloutWorker:
+    """Runs episodes of one tau2 domain against one router.
+
+    Args:
+        policy_cfg: the ``policy`` section (``router_url`` resolved).
+        env_cfg: the ``env`` section (``user.base_url`` resolved for the llm user).
+        logging_cfg: the ``logging`` section.
+        max_concurrent_episodes: episodes run at once (the rest wait).
+
+    Raises:
+        TemplateError: the tokenizer's chat template cannot give exact delta tokenization.
+    """
+
+    def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8):
+        logging_cfg = logging_cfg or LoggingConfig()
+        setup_logging(logging_cfg)
+        self.policy_cfg = policy_cfg
+        self.env_cfg = env_cfg
+        self.domain = Tau2Domain(env_cfg.domain, tau2_log_level=logging_cfg.tau2_level)
+        self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
+        kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
+        self.chat = ChatTemplate(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
+        self.template_report = self.chat.probe()
+        if not self.template_report.ok:
+            raise TemplateError(
+                f"tokenizer {policy_cfg.tokenizer!r}: exact delta tokenization is impossible with its chat template:\n"
+                + self.template_report.summary()
+            )
+        logger.debug("chat template probe for %s:\n%s", policy_cfg.tokenizer, self.template_report.summary())
+        self.settings = EpisodeSettings(
+            max_steps=env_cfg.max_steps,
+            max_new_tokens=policy_cfg.sampling.max_new_tokens,
+            max_context_tokens=policy_cfg.max_context_tokens,
+            on_parse_error=policy_cfg.on_parse_error,
+            system_prompt=self.domain.system_prompt,
+            tool_names=tuple(self.domain.tool_names),
+        )
+        self.max_concurrent_episodes = max_concurrent_episodes
+        self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
+        self.sandbox = ToolSandbox(env_cfg.domain)
+        self._semaphore: asyncio.Semaphore | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._client: SGLangClient | None = None
+        self.episodes_run = 0
+
+    def _ensure_session(self) -> SGLangClient:
+        if self._session is None or self._session.closed:
+            conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(connector=conn)
+            self._client = SGLangClient(self.policy_cfg, self._session)
+            self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
+        assert self._client is not None
+        return self._client
+
+    async def run(self, spec: EpisodeSpec, timeout_s: float | None = None) -> InteractionResult:
+        """Run one episode; never raises (every failure is a typed status).
+
+        Args:
+            spec: the episode.
+            timeout_s: bound on the whole episode (``None``: no bound beyond the per-step ones).
+        """
+        client = self._ensure_session()
+        assert self._semaphore is not None
+        async with self._semaphore:
+            try:
+                task = self.domain.tasks[spec.task_id]
+                user = make_user(task, self.env_cfg.user, seed=spec.seed)
+                env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
+                coro = run_episode(spec, env, client, self.chat, self.settings)
+                result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+            except asyncio.TimeoutError:
+                result = InteractionResult(spec, EpisodeStatus.ABORTED, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s"})
+            except Exception as e:  # anything else is a bug, but must not take the actor down
+                logger.exception("episode %s crashed", spec.episode_id)
+                result = InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
+        self.episodes_run += 1
+        result.metadata.setdefault("worker_pid", os.getpid())
+        return result
+
+    def info(self) -> dict[str, Any]:
+        """Identity and state of this worker (for logs and the pool)."""
+        return {
+            "pid": os.getpid(),
+            "domain": self.domain.name,
+            "tokenizer": self.policy_cfg.tokenizer,
+            "episodes_run": self.episodes_run,
+            "template_probe": self.template_report.summary(),
+            "sandbox_kills": self.sandbox.kills,
+        }
+
+    async def close(self) -> None:
+        """Close the HTTP session, the sandbox and the thread pool."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self.sandbox.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,70 @@
+"""Shared fixtures: tokenizer, tau2 domains, local stacks behind the real sglang-router, Ray.
+
+Servers bind to 127.0.0.1 and are stopped by the fixtures that start them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from rollout.tokenizer import load_tokenizer
+
+    return load_tokenizer("builtin:qwen3")
+
+
+@pytest.fixture(scope="session")
+def retail():
+    from rollout.env.tau2_env import Tau2Domain
+
+    return Tau2Domain("retail")
+
+
+@pytest.fixture(scope="session")
+def airline():
+    from rollout.env.tau2_env import Tau2Domain
+
+    return Tau2Domain("airline")
+
+
+def _stack(backend: str, domain: str, tmp_path_factory, **kw):
+    from rollout.config import LocalConfig
+    from rollout.local.stack import LocalStack
+
+    cfg = LocalConfig(enabled=True, backend=backend, **kw)
+    stack = LocalStack(cfg, domain, "builtin:qwen3", log_dir=tmp_path_factory.mktemp(f"stack-{backend}-{domain}"))
+    stack.start()
+    return stack
+
+
+@pytest.fixture(scope="session")
+def retail_stack(tmp_path_factory):
+    """Gold-replay server for retail behind the real sglang-router."""
+    stack = _stack("gold_replay", "retail", tmp_path_factory)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def airline_stack(tmp_path_factory):
+    stack = _stack("gold_replay", "airline", tmp_path_factory)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster shared by the Ray tests."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+
+from rollout.config import Config, ConfigError, config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_configs_load_with_required_keys():
+    local = load_config(ROOT / "configs/local.yaml")
+    assert local.local.enabled and local.local.backend == "gold_replay"
+    assert local.env.user.kind == "scripted" and local.policy.router_url is None
+    cluster = load_config(ROOT / "configs/retail_grpo.yaml")
+    assert not cluster.local.enabled and cluster.policy.router_url.startswith("http")
+    assert cluster.env.user.kind == "llm" and cluster.env.user.api_key_env == "USER_SIM_API_KEY"
+    # Keys that users and scripts rely on, by these exact names.
+    for key in [
+        "pool.num_actors", "pool.max_concurrent_episodes", "policy.router_url", "policy.tokenizer",
+        "policy.sampling.temperature", "policy.sampling.top_p", "policy.sampling.top_k",
+        "policy.sampling.max_new_tokens", "policy.sampling.stop", "policy.max_context_tokens",
+        "env.domain", "env.task_split", "env.task_ids", "env.max_steps", "env.user.kind",
+        "env.user.base_url", "env.user.model", "env.user.api_key_env", "rollout.n_samples_per_task",
+        "rollout.output_dir", "local.enabled", "local.backend",
+    ]:
+        obj = local
+        for part in key.split("."):
+            assert hasattr(obj, part), key
+            obj = getattr(obj, part)
+
+
+def test_overrides_merge_and_coerce():
+    cfg = load_config(ROOT / "configs/local.yaml", ["pool.num_actors=5", "env.task_ids=[3,7]", "policy.sampling.stop=[]"])
+    assert cfg.pool.num_actors == 5
+    assert cfg.env.task_ids == ["3", "7"]
+    assert cfg.policy.sampling.stop == []
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("pool.num_actorz=2", "pool.num_actorz"),
+        ("pool.num_actors=two", "pool.num_actors"),
+        ("pool.num_actors=0", "pool.num_actors"),
+        ("env.domain=telecom", "env.domain"),
+        ("env.task_split=dev", "env.task_split"),
+        ("env.user.kind=human", "env.user.kind"),
+        ("policy.sampling.top_p=1.5", "policy.sampling.top_p"),
+        ("policy.on_parse_error=ignore", "policy.on_parse_error"),
+        ("local.backend=gpt", "local.backend"),
+        ("rollout.train_statuses=[completed,bogus]", "rollout.train_statuses"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs/local.yaml", [override])
+    assert str(e.value).startswith(key), str(e.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="^policy.router_url"):
+        load_config(None, ["local.enabled=false"])
+    with pytest.raises(ConfigError, match="^env.user.model"):
+        load_config(None, ["env.user.kind=llm"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["pool.num_actors"])
+
+
+def test_round_trip_through_dict():
+    cfg = load_config(ROOT / "configs/retail_grpo.yaml")
+    assert config_from_dict(cfg.to_dict()) == cfg
+    assert isinstance(cfg, Config)

@@ -1,0 +1,49 @@
+import numpy as np
+import pytest
+
+from rollout.records import Batch, EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory, TrajectoryError
+
+
+def test_trajectory_keeps_tokens_mask_logprobs_aligned():
+    t = Trajectory(prompt_ids=[1, 2, 3])
+    t.append_generated([4, 5], [-0.1, -0.2])
+    t.append_context([6])
+    t.append_generated([7], [-0.3])
+    assert t.tokens == [1, 2, 3, 4, 5, 6, 7]
+    assert t.loss_mask == [1, 1, 0, 1]
+    assert t.rollout_log_probs == [-0.1, -0.2, 0.0, -0.3]
+    t.check()
+    with pytest.raises(TrajectoryError):
+        t.append_generated([8, 9], [-0.1])
+
+
+def test_infra_statuses_are_flagged():
+    assert EpisodeStatus.POLICY_ERROR.is_infrastructure_failure
+    assert EpisodeStatus.USER_ERROR.is_infrastructure_failure
+    assert not EpisodeStatus.COMPLETED.is_infrastructure_failure
+    assert not EpisodeStatus.PARSE_ERROR.is_infrastructure_failure
+
+
+def _sample(prompt, gen, ctx, reward, idx):
+    t = Trajectory(prompt_ids=prompt)
+    t.append_generated(gen, [-1.0] * len(gen))
+    t.append_context(ctx)
+    spec = EpisodeSpec(f"e{idx}", "retail", "0", "g", idx)
+    return InteractionResult(spec, EpisodeStatus.COMPLETED, reward, t).to_sample()
+
+
+def test_batch_pads_and_aligns_masks_with_tokens():
+    a = _sample([1, 2], [3, 4], [5], 1.0, 0)
+    b = _sample([1, 2, 3, 4], [9], [], 0.0, 1)
+    assert a.response_length == 3 and a.prompt_length == 2
+    batch = Batch.from_samples([a, b], pad_token_id=-1)
+    assert batch.tokens.shape == (2, 5)
+    assert batch.tokens[1].tolist() == [1, 2, 3, 4, 9]
+    assert batch.tokens[0].tolist() == [1, 2, 3, 4, 5]
+    assert batch.attention_mask.sum(1).tolist() == [5, 5]
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(batch.loss_mask[1], [0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(batch.rollout_log_probs[0], [0, 0, -1, -1, 0])
+    assert batch.rewards.tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError):
+        Batch.from_samples([])

@@ -1,0 +1,62 @@
+"""A tool call that would run for minutes is stopped for real within the step timeout, and the
+actor keeps serving its other episodes (tau2's calculator evaluates its argument with eval)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+from scripted_policy import ScriptedPolicyServer
+
+from rollout.config import load_config
+from rollout.records import EpisodeSpec, EpisodeStatus
+from rollout.worker import RolloutWorker
+
+STEP_TIMEOUT_S = 3.0
+
+
+def _call(name, **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>", "stop"
+
+
+def script(eid, step, input_ids):
+    if eid == "runaway":
+        # only digits and operators, so tau2's character filter lets it through; 9**9**9**9 has
+        # about 10**(3.7e8) digits: eval would run for ever.
+        return [_call("calculate", expression="9**9**9**9"), ("Done.", "eos")][min(step, 1)]
+    turns = [_call("get_order_details", order_id="#W2378156"), _call("calculate", expression="2+3"), ("Goodbye.", "eos")]
+    return turns[min(step, 2)]
+
+
+async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
+    async with ScriptedPolicyServer(tokenizer, script) as server:
+        cfg = load_config(None, [f"policy.router_url={server.url}", f"env.step_timeout_s={STEP_TIMEOUT_S}", "env.max_steps=5"])
+        worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=8)
+        worker.sandbox._ensure()  # start the sandbox first, so its start-up is not in the timings
+        specs = [EpisodeSpec("runaway", "retail", "0", "g", 0)] + [EpisodeSpec(f"normal-{k}", "retail", str(k), "g", 0) for k in range(3)]
+        t0 = time.monotonic()
+        runaway_pid = worker.sandbox.pid
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*[worker.run(s) for s in specs]), timeout=60)
+        finally:
+            await worker.close()
+        elapsed = time.monotonic() - t0
+    runaway, normal = results[0], results[1:]
+    assert runaway.status is EpisodeStatus.TOOL_TIMEOUT, runaway.metadata
+    assert not runaway.status.is_infrastructure_failure
+    assert "killed" in runaway.metadata["error"]
+    assert runaway.metadata["timings"]["tool_s"] < STEP_TIMEOUT_S + 5
+    assert worker.sandbox.kills == 1
+    try:  # the process that ran the expression is gone: the work really stopped
+        os.kill(runaway_pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+    for res in normal:
+        assert res.status is EpisodeStatus.COMPLETED, res.metadata
+        tool_outputs = [m["content"] for m in res.messages if m["role"] == "tool"]
+        assert tool_outputs[1] == "5.0"  # the restarted sandbox answers the next calculate call
+    assert elapsed < 40
