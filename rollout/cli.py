@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("config", help="print the merged config and exit")
     show.add_argument("--config", "-c", default=None)
     show.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    bad = [e for e in extra if e.startswith("-") or "=" not in e]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(args.overrides) + extra  # key=value pairs may come before or after options
 
     path = args.config
     if path is None and Path("configs/local.yaml").is_file():

@@ -36,6 +36,9 @@ def setup_logging(cfg: LoggingConfig) -> None:
         h._rollout = True  # type: ignore[attr-defined]
         root.addHandler(h)
     root.setLevel(cfg.level.upper())
+    # litellm logs every completion call at INFO; the user simulator calls it once per turn.
+    for noisy in ("LiteLLM", "litellm", "httpx"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
 class RolloutWorker:

@@ -1,0 +1,265 @@
+"""Gold-replay backend: an oracle policy that replays a tau2 task's gold actions.
+
+The backend is stateless per request. From the prompt token ids alone it works out
+
+* which task the conversation is about: the task whose (whitespace-normalised)
+  ``user_scenario.instructions.reason_for_call`` occurs in the first user turn after the system
+  prompt (Qwen3 chat format, ``<|im_start|>user\\n...<|im_end|>``);
+* how far the episode has got: the number of ``<tool_response>`` blocks after the system prompt.
+
+It then answers with the next gold action as a Qwen/Hermes tool call
+(``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` + ``<|im_end|>``), or, once every
+gold action has been replayed, one closing message that states every ``communicate_info`` string
+verbatim, or ``###STOP###`` when that closing message has already been said. Replaying a task this
+way earns reward 1.0 from tau2's own evaluator, so the whole pipeline can be checked end to end.
+
+``gold_replay_skip_write`` drops the first gold action whose tool is a write tool (per tau2's own
+``ToolType.WRITE`` metadata): a wrong trajectory that must earn reward 0 on tasks that write.
+
+Task matching rules, checked when the index is built:
+
+* If the reasons of two tasks both occur in the text and one contains the other, the longer
+  (more specific) one wins (retail task 5's reason contains task 6's).
+* Tasks with the same reason must be interchangeable for the oracle: identical gold actions and
+  communicate_info (airline 15 and 16), or, failing that, one of them must replay every other's
+  gold actions with only non-write extras (retail 67 replays 68's actions plus one more lookup);
+  that one is replayed and its closing message states the union of their communicate_info, so
+  the replay earns 1.0 whichever of the tasks the episode is. Anything else raises
+  ``ValueError`` at construction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rollout.local.backend_api import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_RESPONSE = "<tool_response>"
+TOOL_CALL = "<tool_call>"
+STOP_TOKEN = "###STOP###"
+DONE_TEXT = "Your request has been completed."
+
+# One chat message: role, content, and whether it was closed by <|im_end|> (the last, open
+# assistant turn of a generation prompt is not).
+_MESSAGE_RE = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.DOTALL)
+
+
+def _norm(text: str) -> str:
+    """Collapse every run of whitespace to one space and strip the ends."""
+    return " ".join(text.split())
+
+
+def _reason_for_call(task) -> str:
+    instr = task.user_scenario.instructions
+    reason = getattr(instr, "reason_for_call", None)
+    if reason is None:  # unstructured instructions (a plain string)
+        reason = str(instr)
+    return _norm(reason)
+
+
+def _load_domain(domain: str):
+    """Return ``(tasks, {tool_name: is_write})`` for a tau2 domain (all tasks, split "base")."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"tau2.domains.{domain}.environment")
+    except ModuleNotFoundError as e:
+        raise ValueError(f"unknown tau2 domain {domain!r}") from e
+    from tau2.environment.toolkit import ToolType
+
+    tasks = mod.get_tasks("base")
+    env = mod.get_environment()
+    toolkit = env.tools
+    is_write = {name: toolkit.tool_type(name) == ToolType.WRITE for name in toolkit.tools}
+    del env
+    return tasks, is_write
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the oracle replays for one (group of interchangeable) task(s)."""
+
+    task_ids: tuple[str, ...]
+    actions: tuple[tuple[str, dict], ...]  # (tool name, arguments), in order
+    final_text: str
+
+
+def _action_key(name: str, args: dict) -> str:
+    return json.dumps([name, args], sort_keys=True, ensure_ascii=False)
+
+
+def _final_text(infos: list[str]) -> str:
+    if not infos:
+        return DONE_TEXT
+    lines = ["Here is the information you asked for:"]
+    lines += [f"- {s}" for s in infos]
+    lines.append(DONE_TEXT)
+    return "\n".join(lines)
+
+
+class GoldReplayBackend:
+    """Oracle :class:`~rollout.local.backend_api.GenerationBackend` for tau2 tasks.
+
+    Args:
+        domain: tau2 domain name (``retail``, ``airline``, ...); all tasks (split ``base``) are
+            indexed once, here.
+        tokenizer: a ``transformers`` tokenizer for the Qwen3 chat format (``<|im_end|>`` must be
+            one token).
+        skip_write: skip the first gold action whose tool is a write tool.
+
+    Raises:
+        ValueError: unknown domain, or two tasks share an opening but cannot be replayed by one
+            plan (see the module docstring).
+    """
+
+    def __init__(self, domain: str, tokenizer, skip_write: bool = False) -> None:
+        self.domain = domain
+        self.tokenizer = tokenizer
+        self.skip_write = skip_write
+        self.name = "gold_replay_skip_write" if skip_write else "gold_replay"
+        im_end = tokenizer.convert_tokens_to_ids(IM_END)
+        if not isinstance(im_end, int) or im_end == getattr(tokenizer, "unk_token_id", None):
+            im_end = tokenizer.eos_token_id
+        self.eos_id: int = int(im_end)
+        tasks, self._is_write = _load_domain(domain)
+        self._plans: dict[str, _Plan] = self._build_index(tasks)
+        # Longest first, so that the most specific reason is tried first.
+        self._reasons: list[str] = sorted(self._plans, key=len, reverse=True)
+        logger.info(
+            "gold replay index for %s: %d tasks, %d distinct openings (skip_write=%s)",
+            domain, len(tasks), len(self._plans), skip_write,
+        )
+
+    # ------------------------------------------------------------------ index
+    def _build_index(self, tasks) -> dict[str, _Plan]:
+        groups: dict[str, list] = {}
+        for task in tasks:
+            groups.setdefault(_reason_for_call(task), []).append(task)
+        plans: dict[str, _Plan] = {}
+        for reason, members in groups.items():
+            if not reason:
+                raise ValueError(f"tau2 task(s) {[t.id for t in members]} have an empty reason_for_call")
+            plans[reason] = self._plan_for_group(members)
+        return plans
+
+    def _gold(self, task) -> tuple[list[tuple[str, dict]], list[str]]:
+        crit = task.evaluation_criteria
+        actions = []
+        for a in (crit.actions or []) if crit is not None else []:
+            if a.requestor != "assistant":
+                continue  # user-side actions are not the agent's to replay
+            actions.append((a.name, dict(a.arguments)))
+        infos = list((crit.communicate_info or []) if crit is not None else [])
+        return actions, infos
+
+    def _plan_for_group(self, members: list) -> _Plan:
+        ids = tuple(t.id for t in members)
+        golds = [self._gold(t) for t in members]
+        keys = [([_action_key(n, a) for n, a in acts], infos) for acts, infos in golds]
+        if all(k == keys[0] for k in keys):
+            chosen = 0
+        else:
+            chosen = -1
+            for i, (acts_i, _) in enumerate(keys):
+                have = set(acts_i)
+                needed = set().union(*(set(k[0]) for k in keys))
+                if not needed <= have:
+                    continue
+                extras = [golds[i][0][j] for j, k in enumerate(acts_i) if any(k not in set(o[0]) for o in keys)]
+                if any(self._is_write.get(name, True) for name, _ in extras):
+                    continue
+                chosen = i
+                break
+            if chosen < 0:
+                raise ValueError(
+                    f"tau2 {self.domain} tasks {list(ids)} share their reason_for_call but have "
+                    "gold actions that no single replay satisfies; the gold-replay oracle cannot "
+                    "tell them apart"
+                )
+            logger.info("tasks %s share an opening; replaying task %s's gold actions for all", list(ids), ids[chosen])
+        actions = list(golds[chosen][0])
+        infos: list[str] = []
+        for _, inf in golds:
+            for s in inf:
+                if s not in infos:
+                    infos.append(s)
+        if self.skip_write:
+            for j, (name, _) in enumerate(actions):
+                if self._is_write.get(name, False):
+                    del actions[j]
+                    break
+        return _Plan(ids, tuple(actions), _final_text(infos))
+
+    # ------------------------------------------------------------- matching
+    def task_ids_for_text(self, first_user_text: str) -> tuple[str, ...]:
+        """Task ids whose plan the oracle would follow for this first user turn (``()``: none)."""
+        plan = self._match(first_user_text)
+        return plan.task_ids if plan else ()
+
+    def _match(self, first_user_text: str) -> _Plan | None:
+        text = _norm(first_user_text)
+        hits = [r for r in self._reasons if r in text]
+        # Drop reasons that are only contained in a longer matching reason.
+        hits = [r for r in hits if not any(r != o and r in o for o in hits)]
+        if len(hits) != 1:
+            return None
+        return self._plans[hits[0]]
+
+    # ----------------------------------------------------------- generation
+    def next_text(self, input_ids: list[int]) -> str:
+        """The oracle's next assistant message (without ``<|im_end|>``) for a prompt."""
+        text = self.tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        messages = [(m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(text)]
+        start = 1 if messages and messages[0][0] == "system" else 0
+        convo = messages[start:]
+        first_user = next(
+            (i for i, (role, content, _) in enumerate(convo) if role == "user" and TOOL_RESPONSE not in content),
+            None,
+        )
+        if first_user is None:
+            return "I could not find a user request in this conversation, so there is no task to replay."
+        plan = self._match(convo[first_user][1])
+        if plan is None:
+            return f"No {self.domain} task matches this conversation (or more than one does); nothing to replay."
+        progress = sum(content.count(TOOL_RESPONSE) for _, content, _ in convo)
+        if progress < len(plan.actions):
+            name, args = plan.actions[progress]
+            return TOOL_CALL + "\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+        last_tool = max(
+            (i for i, (_, content, _) in enumerate(convo) if TOOL_RESPONSE in content),
+            default=-1,
+        )
+        after = max(last_tool, first_user)
+        already_said = any(
+            role == "assistant" and closed and TOOL_CALL not in content
+            for role, content, closed in convo[after + 1:]
+        )
+        return STOP_TOKEN if already_said else plan.final_text
+
+    def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[tuple[int, float]]:
+        """Yield the oracle's next message token by token, then ``<|im_end|>``; log-probs are 0.0."""
+        try:
+            text = self.next_text(input_ids)
+        except Exception:  # never raise into the server: say so instead
+            logger.exception("gold replay failed on a prompt of %d tokens", len(input_ids))
+            text = "The gold-replay oracle failed on this prompt."
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
+        for tok in ids:
+            yield int(tok), 0.0
+
+    def chat(self, messages: list[dict], params: SamplingParams) -> str:
+        """Deterministic user-simulator stand-in: agrees to questions, otherwise ends the chat."""
+        last = messages[-1].get("content") if messages else None
+        if isinstance(last, list):  # OpenAI content parts
+            last = " ".join(str(p.get("text", "")) for p in last if isinstance(p, dict))
+        return "Yes, please go ahead." if isinstance(last, str) and "?" in last else STOP_TOKEN
