@@ -102,7 +102,6 @@ async def run_episode(
     messages: list[dict[str, Any]] = []
     traj: Trajectory | None = None
     reward = 0.0
-    status: EpisodeStatus
 
     def finish(st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
         meta["termination_reason"] = reason

@@ -7,52 +7,15 @@ input_ids and every answer's generated ids, so invariant 1 is checked on what cr
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 
-import aiohttp
 import pytest
-from aiohttp import web
 
+from rollout.check import RecordingProxy
 from rollout.config import load_config
 from rollout.pool import make_specs
 from rollout.records import EpisodeStatus
 from rollout.worker import RolloutWorker
-
-
-class RecordingProxy:
-    """Forwards /generate to a router and records (input_ids, generated ids, log-probs) per episode."""
-
-    def __init__(self, upstream: str):
-        self.upstream = upstream.rstrip("/")
-        self.calls: dict[str, list[tuple[list[int], list[int], list[float]]]] = collections.defaultdict(list)
-
-    async def _generate(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        assert isinstance(body.get("input_ids"), list), "every request must send input_ids"
-        assert "text" not in body, "token in: no text prompts"
-        async with self._session.post(self.upstream + "/generate", json=body) as r:
-            data = await r.json()
-        pairs = data["meta_info"]["output_token_logprobs"]
-        eid = body["rid"].rsplit("#", 1)[0]
-        self.calls[eid].append((body["input_ids"], [p[1] for p in pairs], [p[0] for p in pairs]))
-        return web.json_response(data)
-
-    async def __aenter__(self):
-        self._session = aiohttp.ClientSession()
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_post("/generate", self._generate)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc):
-        await self._runner.cleanup()
-        await self._session.close()
 
 
 def _worker(router_url: str, domain: str, *overrides: str) -> RolloutWorker:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.config import EnvConfig
-from rollout.env.user import STOP, UserSimulator, UserSimulatorError
+from rollout.env.user import STOP, UserSimulator
 
 logger = logging.getLogger(__name__)
 
