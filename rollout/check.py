@@ -293,11 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--threshold", type=float, default=1e-3, help="largest allowed |log-prob difference|")
     ex.add_argument("--model", default=None, help="transformers model with the policy's weights (not needed with local.backend=tiny)")
     ex.add_argument("overrides", nargs="*")
-    args, extra = parser.parse_known_args(argv)
-    bad = [e for e in extra if e.startswith("-") or "=" not in e]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
-    args.overrides = list(args.overrides) + extra  # key=value pairs may come before or after options
+    from rollout.cli import parse_args_with_overrides
+
+    args = parse_args_with_overrides(parser, argv)
 
     overrides = list(CHECK_DEFAULTS)
     user_keys = {o.split("=", 1)[0] for o in args.overrides}

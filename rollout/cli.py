@@ -100,6 +100,18 @@ def run_job(cfg: Config, progress: bool = True) -> dict[str, Any]:
             stack.stop()
 
 
+def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``key=value`` overrides may stand before or after options and end up in
+    ``args.overrides`` (the parser must have a positional ``overrides`` with ``nargs="*"``).
+    Anything else unknown is an error (exit 2)."""
+    args, extra = parser.parse_known_args(argv)
+    bad = [e for e in extra if e.startswith("-") or "=" not in e]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(args.overrides) + extra
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("config", help="print the merged config and exit")
     show.add_argument("--config", "-c", default=None)
     show.add_argument("overrides", nargs="*")
-    args, extra = parser.parse_known_args(argv)
-    bad = [e for e in extra if e.startswith("-") or "=" not in e]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
-    args.overrides = list(args.overrides) + extra  # key=value pairs may come before or after options
+    args = parse_args_with_overrides(parser, argv)
 
     path = args.config
     if path is None and Path("configs/local.yaml").is_file():

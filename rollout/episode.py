@@ -131,7 +131,8 @@ async def run_episode(
 
     # -- turns ---------------------------------------------------------------------------------
     for step in range(settings.max_steps):
-        budget = settings.max_context_tokens - len(traj)
+        # room for the end-of-turn repair keeps the trajectory within max_context_tokens
+        budget = settings.max_context_tokens - len(traj) - len(chat.eot_ids)
         if budget <= 0:
             return finish(EpisodeStatus.TRUNCATED, "context")
         t0 = time.monotonic()
@@ -170,7 +171,8 @@ async def run_episode(
                 return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
             feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
             messages.append(feedback)
-            traj.append_context(chat.delta_ids([feedback]))
+            if not _append_delta(traj, chat.delta_ids([feedback]), settings):
+                return finish(EpisodeStatus.TRUNCATED, "context")
             continue
 
         messages.append(parsed.to_message())
@@ -198,8 +200,17 @@ async def run_episode(
             return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
         nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
         messages.append(nxt)
-        traj.append_context(chat.delta_ids([nxt]))
+        if not _append_delta(traj, chat.delta_ids([nxt]), settings):
+            return finish(EpisodeStatus.TRUNCATED, "context")
     return finish(EpisodeStatus.TRUNCATED, "max_steps")
+
+
+def _append_delta(traj: Trajectory, delta: list[int], settings: EpisodeSettings) -> bool:
+    """Append a context delta unless it would leave no room to generate; False when full."""
+    if len(traj) + len(delta) >= settings.max_context_tokens:
+        return False
+    traj.append_context(delta)
+    return True
 
 
 def _strip_trailing_specials(text: str, chat: ChatTemplate) -> str:

@@ -80,7 +80,7 @@ class RolloutWorker:
         )
         self.max_concurrent_episodes = max_concurrent_episodes
         self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
-        self.sandbox = ToolSandbox(env_cfg.domain)
+        self.sandbox = ToolSandbox(env_cfg.domain, log_level=logging_cfg.tau2_level)
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: SGLangClient | None = None

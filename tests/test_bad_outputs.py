@@ -102,3 +102,20 @@ async def test_corpus_parse_errors_feedback_mode(tokenizer):
         # the feedback reached the model as context (mask 0) between the two generations
         text = tokenizer.decode(res.trajectory.tokens)
         assert "[format error]" in text and text.rstrip().endswith(GOODBYE + "<|im_end|>")
+
+
+async def test_context_window_truncates_without_overflow(tokenizer):
+    """A policy that keeps calling tools fills the window: the episode ends `truncated` (context)
+    and the trajectory never exceeds policy.max_context_tokens."""
+    call = "<tool_call>\n" + json.dumps({"name": "get_order_details", "arguments": {"order_id": "#W2378156"}}) + "\n</tool_call>"
+    async with ScriptedPolicyServer(tokenizer, lambda eid, step, ids: (call, "stop")) as server:
+        limit = 9000
+        cfg = load_config(None, [f"policy.router_url={server.url}", f"policy.max_context_tokens={limit}", "env.max_steps=50"])
+        worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging)
+        try:
+            res = await worker.run(EpisodeSpec("ctx", "retail", "0", "g", 0))
+        finally:
+            await worker.close()
+    assert res.status is EpisodeStatus.TRUNCATED and res.metadata["termination_reason"] == "context"
+    assert res.metadata["turns"] >= 2
+    assert len(res.trajectory) <= limit

@@ -55,14 +55,17 @@ class RewardError(RuntimeError):
     """tau2's evaluator failed or timed out: an infrastructure failure."""
 
 
-def _import_tau2(log_level: str = "WARNING"):
-    """Import tau2 with litellm kept offline and loguru at ``log_level`` (tau2 logs every tool
-    response at DEBUG). Idempotent; about 1-2 s the first time."""
+def _import_tau2(log_level: str | None = None) -> None:
+    """Import tau2 with litellm kept offline; with ``log_level``, set loguru's level (tau2 logs
+    every tool response at DEBUG). About 1-2 s the first time."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if log_level is not None:
+        # loguru's default handler reads this when loguru is first imported (tau2 logs at import)
+        os.environ.setdefault("LOGURU_LEVEL", log_level.upper())
     import tau2  # noqa: F401
     from loguru import logger as loguru_logger
 
-    if getattr(_import_tau2, "_level", None) != log_level:
+    if log_level is not None and getattr(_import_tau2, "_level", None) != log_level:
         loguru_logger.remove()
         loguru_logger.add(sys.stderr, level=log_level.upper())
         _import_tau2._level = log_level  # type: ignore[attr-defined]
@@ -150,7 +153,8 @@ class Tau2Domain:
 
 
 # -- sandbox for tools that touch no database ----------------------------------------------------
-def _sandbox_main(conn, domain: str) -> None:  # runs in the child process
+def _sandbox_main(conn, domain: str, log_level: str) -> None:  # runs in the child process
+    _import_tau2(log_level)
     mod = _domain_module(domain)
     env = mod.get_environment()
     from tau2.data_model.message import ToolCall
@@ -172,8 +176,9 @@ class ToolSandbox:
     The process is started on first use with the ``spawn`` method and restarted after a kill.
     """
 
-    def __init__(self, domain: str, startup_timeout_s: float = 120.0):
+    def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "WARNING"):
         self.domain = domain
+        self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
         self._ctx = mp.get_context("spawn")
         self._proc = None
@@ -191,7 +196,7 @@ class ToolSandbox:
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain), daemon=True, name=f"tool-sandbox-{self.domain}")
+        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level), daemon=True, name=f"tool-sandbox-{self.domain}")
         self._proc.start()
         child.close()
         self._conn = parent

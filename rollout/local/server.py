@@ -287,14 +287,7 @@ class LocalSGLangServer:
     # ---------------------------------------------------------------- handlers
     async def generate(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON")
-        try:
-            if not isinstance(body, dict):
-                raise BadRequest("request body must be a JSON object")
-            if body.get("stream"):
-                raise BadRequest("streaming is not supported by the local server; send stream=false")
+            body = await _json_body(request, streaming_allowed=False)
             params = parse_sampling_params(body.get("sampling_params"))
             rid = body.get("rid")
             if rid is None:
@@ -354,11 +347,9 @@ class LocalSGLangServer:
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON")
-        if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
+            body = await _json_body(request)
+        except BadRequest as e:
+            return _error(400, str(e))
         if body.get("abort_all"):
             targets = [s for group in self.inflight.values() for s in group]
         else:
@@ -422,14 +413,7 @@ class LocalSGLangServer:
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON")
-        try:
-            if not isinstance(body, dict):
-                raise BadRequest("request body must be a JSON object")
-            if body.get("stream"):
-                raise BadRequest("streaming is not supported by the local server; send stream=false")
+            body = await _json_body(request, streaming_allowed=False)
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
@@ -518,6 +502,23 @@ def create_app(backend: GenerationBackend, tokenizer, **kwargs: Any) -> web.Appl
 def _log_worker_error(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         logger.debug("generation worker ended with %r", fut.exception())
+
+
+async def _json_body(request: web.Request, streaming_allowed: bool = True) -> dict:
+    """The request's JSON object body.
+
+    Raises:
+        BadRequest: not JSON, not an object, or ``"stream": true`` where streaming is not served.
+    """
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if not streaming_allowed and body.get("stream"):
+        raise BadRequest("streaming is not supported by the local server; send stream=false")
+    return body
 
 
 def _error(status: int, message: str) -> web.Response:
