@@ -21,6 +21,7 @@ configured tokenizer, that this construction is sound and reports which renderin
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,9 @@ class ChatTemplate:
         if not self.eot_ids:
             raise TemplateError(f"end-of-turn text {eot!r} tokenizes to nothing")
         self._turn_tail: str | None = None
+        # Episodes tokenize from worker threads; a Rust tokenizer shared across threads can fail
+        # with "Already borrowed" if calls overlap, so calls into it are serialised.
+        self._lock = threading.Lock()
 
     # -- rendering ---------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: bool = True) -> str:
@@ -117,11 +121,13 @@ class ChatTemplate:
 
     def encode(self, text: str) -> list[int]:
         """Tokenize template text (special tokens in the text become their ids; no BOS added)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        with self._lock:
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         """Decode generated ids keeping special tokens (``<tool_call>`` is one in Qwen3)."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        with self._lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """Ids of the first prompt: ``messages`` (system and first user turn) + generation prompt."""

@@ -201,8 +201,8 @@ async def _run_episodes(cfg: Config, n: int) -> tuple[list[InteractionResult], R
         policy = dataclasses.replace(cfg.policy, router_url=proxy.url)
         worker = RolloutWorker(policy, cfg.env, cfg.logging, max_concurrent_episodes=n)
         ids = worker.domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
-        specs = make_specs(cfg.env.domain, (ids * n)[:n] if len(ids) < n else ids[:n], 1, seed=cfg.rollout.seed)
-        specs = [dataclasses.replace(s, episode_id=f"{s.episode_id}#{k}") for k, s in enumerate(specs)] if len(ids) < n else specs
+        per_task = -(-n // len(ids))  # several samples per task when there are fewer tasks than episodes
+        specs = make_specs(cfg.env.domain, ids[:n], per_task, seed=cfg.rollout.seed)[:n]
         try:
             results = await asyncio.gather(*[worker.run(s) for s in specs])
         finally:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for users)
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rollout.records import EpisodeStatus

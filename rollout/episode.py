@@ -10,6 +10,7 @@ simulator or a server does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -127,7 +128,8 @@ async def run_episode(
     except Exception as e:  # EnvironmentStepError or anything from environment code
         return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
     messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
-    traj = Trajectory(prompt_ids=chat.prompt_ids(messages))
+    # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
+    traj = Trajectory(prompt_ids=await asyncio.to_thread(chat.prompt_ids, messages))
 
     # -- turns ---------------------------------------------------------------------------------
     for step in range(settings.max_steps):
@@ -171,7 +173,7 @@ async def run_episode(
                 return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
             feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
             messages.append(feedback)
-            if not _append_delta(traj, chat.delta_ids([feedback]), settings):
+            if not _append_delta(traj, await asyncio.to_thread(chat.delta_ids, [feedback]), settings):
                 return finish(EpisodeStatus.TRUNCATED, "context")
             continue
 
@@ -200,7 +202,7 @@ async def run_episode(
             return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
         nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
         messages.append(nxt)
-        if not _append_delta(traj, chat.delta_ids([nxt]), settings):
+        if not _append_delta(traj, await asyncio.to_thread(chat.delta_ids, [nxt]), settings):
             return finish(EpisodeStatus.TRUNCATED, "context")
     return finish(EpisodeStatus.TRUNCATED, "max_steps")
 

@@ -20,6 +20,7 @@ Trainer API::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import time
@@ -253,7 +254,7 @@ class RolloutPool:
         if actor_index not in self._down:
             self._down[actor_index] = (None, time.monotonic())  # dispatch nothing to it until it answers a ping
         if spec.attempt < self.cfg.pool.max_episode_retries:
-            retry = EpisodeSpec(**{**spec.__dict__, "attempt": spec.attempt + 1})
+            retry = dataclasses.replace(spec, attempt=spec.attempt + 1)
             logger.warning("episode %s: %s; retrying (attempt %d)", spec.episode_id, err, retry.attempt)
             self._pending.appendleft(retry)
             return None

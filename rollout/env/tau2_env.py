@@ -417,6 +417,3 @@ class Tau2Environment:
             "action_match": [c.action_match for c in ri.action_checks] if ri.action_checks else None,
         }
         return float(ri.reward), info
-
-    async def close(self) -> None:
-        self._env = None
