@@ -110,7 +110,7 @@ class Tau2Domain:
         tool_types: tool name -> tau2 ToolType value (``read`` / ``write`` / ``think`` / ``generic``).
     """
 
-    def __init__(self, name: str, tau2_log_level: str = "WARNING"):
+    def __init__(self, name: str, tau2_log_level: str = "ERROR"):
         _import_tau2(tau2_log_level)
         mod = _domain_module(name)
         from tau2.environment.toolkit import get_tool_types
@@ -176,7 +176,7 @@ class ToolSandbox:
     The process is started on first use with the ``spawn`` method and restarted after a kill.
     """
 
-    def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "WARNING"):
+    def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR"):
         self.domain = domain
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
