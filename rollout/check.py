@@ -227,8 +227,9 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
     from rollout.cli import resolve_endpoints
     from rollout.tokenizer import load_tokenizer
 
-    if not (cfg.local.enabled and cfg.local.backend == "tiny") and not model_path:
-        raise ConfigError("the exactness check needs the policy's weights: use local.backend=tiny or pass --model PATH")
+    # The weights first: a missing model (or torch) fails before minutes of episodes, not after.
+    tokenizer = load_tokenizer(cfg.policy.tokenizer)
+    model = _load_model(cfg, model_path, len(tokenizer))
     stack = None
     info: dict[str, Any] = {}
     try:
@@ -244,8 +245,6 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
     finally:
         if stack is not None:
             stack.stop()
-    tokenizer = load_tokenizer(cfg.policy.tokenizer)
-    model = _load_model(cfg, model_path, len(tokenizer))
     kwargs = {} if cfg.policy.enable_thinking is None else {"enable_thinking": cfg.policy.enable_thinking}
     report = ExactnessReport()
     t0 = time.monotonic()

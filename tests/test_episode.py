@@ -7,7 +7,6 @@ input_ids and every answer's generated ids, so invariant 1 is checked on what cr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
@@ -112,6 +111,6 @@ async def test_llm_user_simulator_through_the_router(retail_stack):
 async def test_user_simulator_down_is_a_user_error(retail):
     cfg = load_config(None, ["policy.router_url=http://127.0.0.1:9", "env.user.kind=llm", "env.user.model=x",
                              "env.user.base_url=http://127.0.0.1:9/v1", "env.user.timeout_s=5"])
-    worker = RolloutWorker(cfg.policy, dataclasses.replace(cfg.env), cfg.logging)
+    worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging)
     (res,) = await _run(worker, [retail.task_ids("base")[0]])
     assert res.status is EpisodeStatus.USER_ERROR and res.trajectory is None

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rollout.output import read_samples
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -42,6 +44,7 @@ def test_cli_runs_the_local_stack_end_to_end(tmp_path):
     assert "mean reward (retail)" in proc.stdout
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 4
+    assert [s.status for s in read_samples(out / "samples.jsonl")] == ["completed"] * 4
     sample = json.loads(lines[0])
     for key in ["tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "status", "group_id", "sample_index", "metadata"]:
         assert key in sample

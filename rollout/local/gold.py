@@ -201,11 +201,6 @@ class GoldReplayBackend:
         return _Plan(ids, tuple(actions), _final_text(infos))
 
     # ------------------------------------------------------------- matching
-    def task_ids_for_text(self, first_user_text: str) -> tuple[str, ...]:
-        """Task ids whose plan the oracle would follow for this first user turn (``()``: none)."""
-        plan = self._match(first_user_text)
-        return plan.task_ids if plan else ()
-
     def _match(self, first_user_text: str) -> _Plan | None:
         text = _norm(first_user_text)
         hits = [r for r in self._reasons if r in text]
