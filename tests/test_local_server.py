@@ -11,16 +11,13 @@ import json
 import os
 import threading
 import time
-from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from inprocess import serve
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rollout.local.backend_api import SamplingParams
-from rollout.local.server import create_app
 from rollout.tokenizer import load_tokenizer
 
 TOOL_CALL_OPEN = "<tool_call>\n"
@@ -79,18 +76,6 @@ def _delta_ids(tok, role: str, content: str) -> list[int]:
 def _parse_call(text: str) -> dict:
     assert text.startswith(TOOL_CALL_OPEN) and text.endswith(TOOL_CALL_CLOSE), text
     return json.loads(text[len(TOOL_CALL_OPEN):-len(TOOL_CALL_CLOSE)])
-
-
-@asynccontextmanager
-async def serve(backend, tok):
-    """An in-process server on 127.0.0.1 plus a client session; yields (base_url, session)."""
-    server = TestServer(create_app(backend, tok), host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield str(server.make_url("")).rstrip("/"), session
-    finally:
-        await server.close()
 
 
 async def _generate(session, url, body, status=200) -> dict:

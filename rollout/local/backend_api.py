@@ -2,7 +2,8 @@
 
 A backend turns a prompt (token ids) into a stream of sampled tokens with their log-probs. The
 server (``rollout.local.server``) owns everything protocol-level: ``max_new_tokens``, stop token
-ids, stop strings, aborts, and the SGLang response format. A backend only samples.
+ids, stop strings, aborts, and the SGLang response format. A backend only samples, and
+swaps its weights when the server's ``/update_weights_from_disk`` asks it to.
 
 Backends: ``gold_replay`` / ``gold_replay_skip_write`` (``rollout.local.gold``) and ``tiny``
 (``rollout.local.tiny``, needs torch).
@@ -41,7 +42,11 @@ class GenerationBackend(Protocol):
     ``generate`` is a plain (synchronous) generator: the server runs it in a worker thread and
     stops iterating (closing the generator) as soon as a stop condition, ``max_new_tokens`` or an
     abort is reached. It must be safe to call from several threads at once (serialise internally
-    if needed).
+    if needed). The server runs at most one ``next()`` of any generator at a time (one backend
+    step at a time, like SGLang's single scheduler) and calls :meth:`load_weights` only while no
+    such step runs, but a ``chat`` call may overlap it, so the swap itself must be thread-safe. A
+    generator paused between two steps may be resumed after a weight update and must then use
+    the new weights.
     """
 
     name: str
@@ -58,4 +63,15 @@ class GenerationBackend(Protocol):
 
     def chat(self, messages: list[dict], params: SamplingParams) -> str:
         """Answer an OpenAI-style chat (for ``/v1/chat/completions``) with plain text."""
+        ...
+
+    def load_weights(self, model_path: str) -> None:
+        """Replace the policy's weights with those saved in the folder ``model_path``.
+
+        Called for ``POST /update_weights_from_disk``. On success every later step (of new
+        requests and of requests paused in place) uses the new weights; on failure it raises
+        (any exception; the message should say what was wrong) and leaves the old weights in
+        use. A backend without weights (gold replay) does nothing: only the server's weight
+        version label changes.
+        """
         ...

@@ -13,6 +13,9 @@ gold action has been replayed, one closing message that states every ``communica
 verbatim, or ``###STOP###`` when that closing message has already been said. Replaying a task this
 way earns reward 1.0 from tau2's own evaluator, so the whole pipeline can be checked end to end.
 
+Weight updates (``/update_weights_from_disk``) only relabel the server's weight version:
+:meth:`GoldReplayBackend.load_weights` reads nothing.
+
 ``gold_replay_skip_write`` drops the first gold action whose tool is a write tool (per tau2's own
 ``ToolType.WRITE`` metadata): a wrong trajectory that must earn reward 0 on tasks that write.
 
@@ -251,6 +254,11 @@ class GoldReplayBackend:
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
         for tok in ids:
             yield int(tok), 0.0
+
+    def load_weights(self, model_path: str) -> None:
+        """No weights to load: the oracle does not change. ``/update_weights_from_disk`` then
+        only relabels the server's weight version (``model_path`` is not read)."""
+        logger.info("gold replay: weight update to %s (nothing to load; only the version changes)", model_path)
 
     def chat(self, messages: list[dict], params: SamplingParams) -> str:
         """Deterministic user-simulator stand-in: agrees to questions, otherwise ends the chat."""

@@ -5,13 +5,56 @@ real ``sglang-router`` (see :mod:`rollout.local.stack`) and serves:
 
 * ``POST /generate``: ``{"input_ids": [int]}`` (or ``"text"``), ``sampling_params``,
   ``return_logprob``, ``rid``; answers ``{"text", "output_ids", "meta_info": {"id",
-  "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+  "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
   "output_token_logprobs"?}}``. Streaming is not supported (400).
 * ``POST /abort_request``: ``{"rid": str}`` or ``{"abort_all": true}``; the aborted requests
   return at once with ``finish_reason.type == "abort"`` and the tokens generated so far.
-* ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``, ``GET /get_server_info``,
-  ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming, answered by
-  ``backend.chat``), ``POST /flush_cache``.
+  Requests held by a pause (below) are not running yet and are not aborted (as in SGLang); a
+  client that gives up on one closes its connection.
+* ``POST /pause_generation``, ``POST /continue_generation``, ``POST /update_weights_from_disk``,
+  ``GET /get_weight_version``: SGLang's weight-update endpoints, below.
+* ``GET /health``, ``GET /health_generate``, ``GET /get_model_info`` (= ``/model_info``: model
+  and tokenizer paths, ``weight_version``), ``GET /get_server_info`` (= ``/server_info``: also
+  ``weight_version``, ``pause_mode`` (null when not paused), ``num_backend_steps`` (tokens
+  sampled for /generate since start, a monotonically increasing counter), held / paused /
+  in-flight request counts), ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
+  answered by ``backend.chat``), ``POST /flush_cache``.
+
+Weight updates (SGLang's semantics; the correct order is pause -> update -> continue):
+
+* The server has a weight version, a string: ``--weight-version`` at start (default
+  ``"default"``), changed by a successful update that names one. Every /generate answer carries
+  ``meta_info["weight_version"]``: the version current at the request's last backend step (for
+  a request that made no step, the version when it was admitted).
+* Backend steps (one ``next()`` of a backend generator = one sampled token, the first one
+  including the prefill) run one at a time under a server-level step lock, as SGLang's single
+  scheduler runs one batch at a time; a request checks, holding that lock, that it is neither
+  aborted nor paused before it steps.
+* ``POST /pause_generation {"mode": "abort" | "retract" | "in_place"}`` (default ``"abort"``)
+  answers ``{"message", "status": "ok"}`` once no backend step is running; from then on no step
+  runs until ``/continue_generation``, so a pause returns within about one backend step however
+  many requests are in flight. While paused, new /generate and /v1/chat/completions requests
+  are held (they wait, then run after continue; a chat completion already running may finish).
+  ``abort``: every admitted /generate request returns at once with
+  ``finish_reason == {"type": "abort", "message": ...}`` and what it generated so far (ids and
+  log-probs), and requests still queued for a thread never step; the answer comes once they have
+  all answered. ``in_place``: running requests stop between two steps and wait, keeping their
+  state (KV cache), then go on after continue. ``retract``: in SGLang the requests go back to
+  the waiting queue and are prefilled again after continue; here it behaves as ``in_place``
+  (the tiny backend keeps its KV caches), which a client cannot tell apart except by speed.
+* ``POST /continue_generation {}`` answers ``{"message", "status": "ok"}``; held and paused
+  requests go on.
+* ``POST /update_weights_from_disk {"model_path": str, "weight_version": str | null,
+  "abort_all_requests": bool = false, ...}`` (other SGLang keys such as ``flush_cache`` and
+  ``load_format`` are accepted and ignored). With ``abort_all_requests`` every running request
+  (paused in place included, held ones not) is aborted first. If generation is paused the weights are loaded at once; otherwise the update
+  takes the model-update lock: new requests wait, and it loads once every in-flight request has
+  answered. The backend's ``load_weights(model_path)`` runs between two backend steps (tiny:
+  loads a ``save_pretrained`` folder; gold replay: nothing, only the version changes). Answers
+  ``{"success", "message", "num_paused_requests"}`` (requests paused in place or held when the
+  update happened), HTTP 200 on success, 400 on failure (weights and version unchanged; the
+  message names the path and the error) or for a malformed body.
+* ``GET /get_weight_version`` answers ``{"weight_version": str}``.
 
 Stop semantics (checked after every sampled token, in this order, as SGLang does):
 
@@ -38,6 +81,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,6 +104,8 @@ _SAMPLING_IGNORED = {
     "custom_params", "stream_interval", "logit_bias", "stop_regex",
 }
 _DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+PAUSE_MODES = ("abort", "retract", "in_place")
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
 
 
 class BadRequest(ValueError):
@@ -166,9 +212,10 @@ def parse_sampling_params(sp: Any) -> SamplingParams:
 
 # --------------------------------------------------------------------------- in-flight state
 class _InFlight:
-    """One /generate request: tokens so far (written by the worker thread) and its abort flag."""
+    """One /generate request: tokens so far (written by the worker thread), its abort flag, and
+    the weight version of its last backend step."""
 
-    def __init__(self, rid: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, rid: str, loop: asyncio.AbstractEventLoop, weight_version: str) -> None:
         self.rid = rid
         self.lock = threading.Lock()
         self.ids: list[int] = []
@@ -176,6 +223,10 @@ class _InFlight:
         self.aborted = False  # read by the worker thread under ``lock``
         self.abort_message = ""
         self.abort_future: asyncio.Future = loop.create_future()
+        # The server's weight version when the request was admitted, then at each of its steps.
+        self.weight_version = weight_version
+        # Past the pause gate and holding a read share of the model-update lock (event loop only).
+        self.admitted = False
 
     def abort(self, message: str) -> None:
         """Stop the request (event-loop thread only); the worker appends nothing after this."""
@@ -187,13 +238,44 @@ class _InFlight:
         if not self.abort_future.done():
             self.abort_future.set_result(None)
 
-    def snapshot(self) -> tuple[list[int], list[float]]:
+    def snapshot(self) -> tuple[list[int], list[float], str]:
+        """``(output ids, their log-probs, weight version of the last step)``, consistently."""
         with self.lock:
-            return list(self.ids), list(self.logprobs)
+            return list(self.ids), list(self.logprobs), self.weight_version
+
+
+class _Waiters:
+    """Coroutines waiting for a condition on the server's control state.
+
+    That state (pause mode, model-update lock counts, in-flight set) is changed on the event loop
+    only, so a predicate needs no lock; whoever changes it calls :meth:`notify`, and each waiter
+    re-checks its predicate.
+    """
+
+    def __init__(self) -> None:
+        self._futures: set[asyncio.Future] = set()
+
+    def notify(self) -> None:
+        """Wake every waiter (event-loop thread only)."""
+        for fut in self._futures:
+            if not fut.done():
+                fut.set_result(None)
+        self._futures.clear()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` is true (checked now and after every :meth:`notify`)."""
+        while not predicate():
+            fut = asyncio.get_running_loop().create_future()
+            self._futures.add(fut)
+            try:
+                await fut
+            finally:
+                self._futures.discard(fut)
 
 
 class LocalSGLangServer:
-    """Owns a backend, the tokenizer, the worker threads and the in-flight requests.
+    """Owns a backend, the tokenizer, the worker threads, the in-flight requests and the
+    pause / weight-update state (see the module docstring for the semantics).
 
     Args:
         backend: the :class:`GenerationBackend` that samples tokens.
@@ -204,6 +286,8 @@ class LocalSGLangServer:
         served_model_name: reported by ``/get_server_info`` and ``/v1/models``; default
             ``local/<backend name>``.
         max_workers: generation threads (concurrent requests beyond it queue).
+        weight_version: the initial weight version (SGLang's ``--weight-version``, default
+            ``"default"``), reported in every ``/generate`` answer.
     """
 
     def __init__(
@@ -215,6 +299,7 @@ class LocalSGLangServer:
         tokenizer_path: str | None = None,
         served_model_name: str | None = None,
         max_workers: int = 64,
+        weight_version: str = DEFAULT_WEIGHT_VERSION,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -227,27 +312,153 @@ class LocalSGLangServer:
         eos = tokenizer.eos_token_id
         self.eos_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-gen")
+        # Pause waits and weight loads: never queued behind generation threads.
+        self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="local-ctl")
         self.inflight: dict[str, set[_InFlight]] = {}
         self.started = time.time()
 
+        self.weight_version = str(weight_version)  # written under _step_lock
+        self.weights_path: str | None = None  # last model_path loaded by /update_weights_from_disk
+        # One backend step (one next() of a generator, or a weight load) at a time.
+        self._step_lock = threading.Lock()
+        self.num_backend_steps = 0  # tokens sampled for /generate since start (under _step_lock)
+        # None, or the mode of the running pause; written on the event loop under _pause_cv,
+        # whose notify_all wakes the worker threads paused in place.
+        self.pause_mode: str | None = None
+        self._pause_cv = threading.Condition()
+        # Model-update lock (writer-preferring readers-writer lock on the event loop): every
+        # admitted /generate and chat request holds a read share until it answers.
+        self._readers = 0
+        self._writers_waiting = 0
+        self._writer_active = False
+        self._closing = False
+        self._waiters = _Waiters()
+
+    # ---------------------------------------------------------------- control state
+    def _states(self) -> list[_InFlight]:
+        return [s for group in self.inflight.values() for s in group]
+
+    def _abort(self, targets: list[_InFlight], message: str) -> int:
+        """Abort ``targets`` (event loop): they answer at once; their workers stop stepping."""
+        n = 0
+        for s in targets:
+            if not s.aborted:
+                s.abort(message)
+                n += 1
+        if n:
+            with self._pause_cv:  # wake the ones paused in place, so their threads end
+                self._pause_cv.notify_all()
+            self._waiters.notify()  # and the ones held at the pause gate
+        return n
+
+    def _set_pause_mode(self, mode: str | None) -> None:
+        with self._pause_cv:
+            self.pause_mode = mode
+            self._pause_cv.notify_all()
+        self._waiters.notify()
+
+    async def _admit(self, state: _InFlight | None) -> bool:
+        """Hold a request until generation is not paused and no weight update waits or runs,
+        then take a read share of the model-update lock (give it back with :meth:`_release`).
+
+        Returns False, holding nothing, if ``state`` was aborted while held or the server is
+        shutting down.
+        """
+        def may_enter() -> bool:
+            if self._closing or (state is not None and state.aborted):
+                return True
+            return self.pause_mode is None and not self._writer_active and not self._writers_waiting
+
+        if not may_enter():
+            logger.debug("request %s held (pause_mode=%s, weight update=%s)", state and state.rid,
+                         self.pause_mode, self._writer_active or bool(self._writers_waiting))
+        await self._waiters.wait_for(may_enter)
+        if self._closing or (state is not None and state.aborted):
+            return False
+        self._readers += 1
+        if state is not None:
+            state.admitted = True
+            state.weight_version = self.weight_version
+        return True
+
+    def _release(self) -> None:
+        self._readers -= 1
+        self._waiters.notify()
+
+    async def _acquire_write(self) -> None:
+        """Take the model-update lock: new requests wait from now on; returns once every
+        admitted request has answered."""
+        self._writers_waiting += 1
+        try:
+            await self._waiters.wait_for(lambda: not self._writer_active and self._readers == 0)
+        finally:
+            self._writers_waiting -= 1
+            self._waiters.notify()
+        self._writer_active = True
+
+    def _release_write(self) -> None:
+        self._writer_active = False
+        self._waiters.notify()
+
+    def _wait_step_boundary(self) -> None:
+        """Block (control thread) until the backend step running now, if any, has ended."""
+        with self._step_lock:
+            pass
+
+    def _num_paused_requests(self) -> int:
+        """Requests that cannot step now because of the pause: paused in place, or held."""
+        if self.pause_mode is None:
+            return 0
+        return sum(1 for s in self._states() if not s.aborted)
+
     # ---------------------------------------------------------------- worker thread
+    def _wait_while_paused(self, state: _InFlight) -> bool:
+        """Block the worker thread while generation is paused; False once ``state`` is aborted."""
+        if self.pause_mode is not None and not state.aborted:
+            with self._pause_cv:
+                while self.pause_mode is not None and not state.aborted:
+                    self._pause_cv.wait()
+        return not state.aborted
+
     def _run(self, state: _InFlight, input_ids: list[int], params: SamplingParams) -> dict | None:
-        """Generate in a worker thread; returns the finish reason, or None when aborted."""
+        """Generate in a worker thread; returns the finish reason, or None when aborted.
+
+        Each backend step runs under the server's step lock and only after checking, with the
+        lock held, that the request is neither aborted nor paused: once a pause (or abort) has
+        taken the lock, no step of any request starts until generation continues.
+        """
         if params.max_new_tokens == 0:
             return {"type": "length", "length": 0}
         stops = params.stop
         window = 4 * max((len(s) for s in stops), default=0) + 8
         stop_ids = set(params.stop_token_ids)
         eos_ids = set() if params.ignore_eos else self.eos_ids
-        gen = self.backend.generate(list(input_ids), params)
+        gen = None
         try:
-            for tok, lp in gen:
-                tok = int(tok)
+            while True:
+                if not self._wait_while_paused(state):
+                    return None
+                with self._step_lock:
+                    if state.aborted:
+                        return None
+                    if self.pause_mode is not None:
+                        continue  # paused since the check above: wait again, without stepping
+                    if gen is None:
+                        gen = self.backend.generate(list(input_ids), params)
+                    item = next(gen, None)
+                    if item is not None:
+                        self.num_backend_steps += 1
+                    version = self.weight_version
+                if item is None:  # the backend ended by itself
+                    with state.lock:
+                        return None if state.aborted else {"type": "stop", "matched": None}
+                tok, lp = int(item[0]), float(item[1])
                 with state.lock:
                     if state.aborted:
                         return None
                     state.ids.append(tok)
-                    state.logprobs.append(float(lp))
+                    state.logprobs.append(lp)
+                    state.weight_version = version
                     n = len(state.ids)
                     tail = state.ids[-window:] if stops else None
                 if n >= params.max_new_tokens:
@@ -259,14 +470,33 @@ class LocalSGLangServer:
                     for s in stops:
                         if s in text:
                             return {"type": "stop", "matched": s}
-            with state.lock:
-                return None if state.aborted else {"type": "stop", "matched": None}
         finally:
-            gen.close()
+            if gen is not None:
+                gen.close()
+
+    def _load_weights(self, model_path: str, weight_version: str | None) -> tuple[bool, str]:
+        """Load weights in a control thread, between two backend steps; ``(success, message)``."""
+        with self._step_lock:
+            old = self.weight_version
+            try:
+                load = getattr(self.backend, "load_weights", None)
+                if load is None:
+                    raise NotImplementedError(f"backend {self.backend.name} cannot load weights")
+                load(model_path)
+            except Exception as e:  # noqa: BLE001  (any failure is reported, weights unchanged)
+                logger.warning("update_weights_from_disk %r failed: %s: %s", model_path, type(e).__name__, e)
+                return False, (f"Failed to update weights from {model_path!r}: {type(e).__name__}: {e}. "
+                               f"The weights and weight_version {old!r} are unchanged.")
+            if weight_version is not None:
+                self.weight_version = weight_version
+            self.weights_path = model_path
+            new = self.weight_version
+        logger.info("updated weights from %s (weight_version %r -> %r)", model_path, old, new)
+        return True, f"Updated weights from {model_path!r}; weight_version is {new!r}."
 
     def _response(self, state: _InFlight, prompt_len: int, finish: dict, params: SamplingParams,
                   return_logprob: bool) -> dict:
-        ids, lps = state.snapshot()
+        ids, lps, version = state.snapshot()
         text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
         matched = finish.get("matched")
         if finish["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
@@ -279,6 +509,7 @@ class LocalSGLangServer:
             "prompt_tokens": prompt_len,
             "completion_tokens": len(ids),
             "cached_tokens": 0,
+            "weight_version": version,
         }
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps)]
@@ -316,34 +547,51 @@ class LocalSGLangServer:
         loop = asyncio.get_running_loop()
         if input_ids is None:
             input_ids = await loop.run_in_executor(self.executor, self.tokenizer.encode, text)
-        state = _InFlight(rid, loop)
+        state = _InFlight(rid, loop, self.weight_version)
         self.inflight.setdefault(rid, set()).add(state)
         try:
-            fut = loop.run_in_executor(self.executor, self._run, state, input_ids, params)
-            # An aborted request returns before its worker ends; retrieve the worker's exception
-            # (if any) so that it is logged rather than reported as never retrieved.
-            fut.add_done_callback(_log_worker_error)
             try:
-                await asyncio.wait({fut, state.abort_future}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # client went away: stop the worker too
+                admitted = await self._admit(state)
+            except asyncio.CancelledError:
                 state.abort("client disconnected")
                 raise
-            if not state.aborted or fut.done():
-                try:
-                    finish = fut.result() if fut.done() else None
-                except Exception as e:  # backend failure: an infrastructure error, not a 400
-                    logger.exception("backend %s failed on request %s", self.backend.name, rid)
-                    return _error(500, f"backend {self.backend.name} failed: {type(e).__name__}: {e}")
-                if finish is not None:
-                    return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
-            finish = {"type": "abort", "message": state.abort_message or "aborted"}
-            return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+            if not admitted:  # aborted while held (or shutting down): nothing was generated
+                finish = {"type": "abort", "message": state.abort_message or "server shutting down"}
+                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+            try:
+                return await self._generate_admitted(state, input_ids, params, return_logprob)
+            finally:
+                self._release()
         finally:
             group = self.inflight.get(rid)
             if group is not None:
                 group.discard(state)
                 if not group:
                     del self.inflight[rid]
+            self._waiters.notify()
+
+    async def _generate_admitted(self, state: _InFlight, input_ids: list[int], params: SamplingParams,
+                                 return_logprob: bool) -> web.Response:
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.executor, self._run, state, input_ids, params)
+        # An aborted request returns before its worker ends; retrieve the worker's exception
+        # (if any) so that it is logged rather than reported as never retrieved.
+        fut.add_done_callback(_log_worker_error)
+        try:
+            await asyncio.wait({fut, state.abort_future}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # client went away: stop the worker too
+            self._abort([state], "client disconnected")
+            raise
+        if not state.aborted or fut.done():
+            try:
+                finish = fut.result() if fut.done() else None
+            except Exception as e:  # backend failure: an infrastructure error, not a 400
+                logger.exception("backend %s failed on request %s", self.backend.name, state.rid)
+                return _error(500, f"backend {self.backend.name} failed: {type(e).__name__}: {e}")
+            if finish is not None:
+                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+        finish = {"type": "abort", "message": state.abort_message or "aborted"}
+        return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
@@ -351,16 +599,82 @@ class LocalSGLangServer:
         except BadRequest as e:
             return _error(400, str(e))
         if body.get("abort_all"):
-            targets = [s for group in self.inflight.values() for s in group]
+            targets = self._states()
         else:
             rid = body.get("rid")
             if not isinstance(rid, str):
                 return _error(400, "rid (string) or abort_all=true is required")
             targets = list(self.inflight.get(rid, ()))
-        for s in targets:
-            s.abort("aborted by /abort_request")
-        logger.info("aborted %d request(s)", len(targets))
-        return web.json_response({"success": True, "aborted": len(targets)})
+        # As in SGLang, a request held by a pause is not running yet and is not aborted.
+        n = self._abort([s for s in targets if s.admitted], "aborted by /abort_request")
+        logger.info("aborted %d request(s)", n)
+        return web.json_response({"success": True, "aborted": n})
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request, empty_ok=True)
+            mode = body.get("mode")
+            mode = "abort" if mode is None else mode
+            if mode not in PAUSE_MODES:
+                raise BadRequest(f"mode must be one of {list(PAUSE_MODES)}, not {mode!r}")
+        except BadRequest as e:
+            return _error(400, str(e))
+        t0 = time.monotonic()
+        self._set_pause_mode(mode)
+        n_aborted = 0
+        if mode == "abort":
+            n_aborted = self._abort([s for s in self._states() if s.admitted], "aborted by /pause_generation")
+        # Once the pause holds the step lock, no step starts until /continue_generation.
+        await asyncio.get_running_loop().run_in_executor(self._control, self._wait_step_boundary)
+        if mode == "abort":  # as SGLang: answer once the aborted requests have all answered
+            await self._waiters.wait_for(lambda: not any(s.admitted for s in self._states()))
+        logger.info("generation paused (mode %s) in %.3f s: %d request(s) aborted, %d paused", mode,
+                    time.monotonic() - t0, n_aborted, self._num_paused_requests())
+        return web.json_response({"message": f"Generation paused (mode {mode}).", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        try:
+            await _json_body(request, empty_ok=True)
+        except BadRequest as e:
+            return _error(400, str(e))
+        was = self.pause_mode
+        self._set_pause_mode(None)
+        logger.info("generation continued (was paused: %s)", was)
+        return web.json_response({"message": "Generation continued.", "status": "ok"})
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            model_path = body.get("model_path")
+            if not isinstance(model_path, str) or not model_path:
+                raise BadRequest("model_path must be a non-empty string")
+            version = body.get("weight_version")
+            if version is not None and not isinstance(version, str):
+                raise BadRequest("weight_version must be a string or null")
+            abort_all = body.get("abort_all_requests")
+            if abort_all is not None and not isinstance(abort_all, bool):
+                raise BadRequest("abort_all_requests must be a boolean")
+        except BadRequest as e:
+            return web.json_response({"success": False, "message": str(e), "num_paused_requests": 0}, status=400)
+        if abort_all:
+            self._abort([s for s in self._states() if s.admitted],
+                        "aborted by /update_weights_from_disk (abort_all_requests)")
+        paused = self.pause_mode is not None
+        if not paused:  # wait for the requests in flight; new ones wait meanwhile
+            await self._acquire_write()
+        try:
+            num_paused = self._num_paused_requests()
+            ok, message = await asyncio.get_running_loop().run_in_executor(
+                self._control, self._load_weights, model_path, version
+            )
+        finally:
+            if not paused:
+                self._release_write()
+        return web.json_response({"success": ok, "message": message, "num_paused_requests": num_paused},
+                                 status=200 if ok else 400)
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -369,14 +683,15 @@ class LocalSGLangServer:
         loop = asyncio.get_running_loop()
 
         def one_token() -> None:
-            gen = self.backend.generate([0], SamplingParams(max_new_tokens=1, temperature=0.0))
-            try:
-                next(gen, None)
-            finally:
-                gen.close()
+            with self._step_lock:
+                gen = self.backend.generate([0], SamplingParams(max_new_tokens=1, temperature=0.0))
+                try:
+                    next(gen, None)
+                finally:
+                    gen.close()
 
         try:
-            await asyncio.wait_for(loop.run_in_executor(self.executor, one_token), timeout=30)
+            await asyncio.wait_for(loop.run_in_executor(self._control, one_token), timeout=30)
         except Exception as e:  # noqa: BLE001  (any failure means unhealthy)
             logger.warning("health_generate failed: %r", e)
             return _error(503, f"generation failed: {type(e).__name__}: {e}")
@@ -387,9 +702,11 @@ class LocalSGLangServer:
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
             "is_generation": True,
+            "weight_version": self.weight_version,
         })
 
     async def server_info(self, request: web.Request) -> web.Response:
+        states = self._states()
         return web.json_response({
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
@@ -398,7 +715,13 @@ class LocalSGLangServer:
             "is_generation": True,
             "version": "rollout-local-0.1",
             "uptime_s": round(time.time() - self.started, 3),
-            "num_inflight_requests": sum(len(g) for g in self.inflight.values()),
+            "weight_version": self.weight_version,
+            "weights_path": self.weights_path,
+            "pause_mode": self.pause_mode,
+            "num_backend_steps": self.num_backend_steps,
+            "num_inflight_requests": len(states),
+            "num_held_requests": sum(1 for s in states if not s.admitted and not s.aborted),
+            "num_paused_requests": self._num_paused_requests(),
             "internal_states": [{}],
         })
 
@@ -444,12 +767,17 @@ class LocalSGLangServer:
             n_prompt = len(self.tokenizer.encode(prompt_text, add_special_tokens=False))
             return content, finish, n_prompt, len(out_ids)
 
+        # Held while generation is paused or a weight update waits, like /generate.
+        if not await self._admit(None):
+            return _error(503, "server shutting down")
         loop = asyncio.get_running_loop()
         try:
             content, finish, n_prompt, n_out = await loop.run_in_executor(self.executor, answer)
         except Exception as e:
             logger.exception("backend %s chat failed", self.backend.name)
             return _error(500, f"backend {self.backend.name} failed: {type(e).__name__}: {e}")
+        finally:
+            self._release()
         return web.json_response({
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
@@ -465,12 +793,13 @@ class LocalSGLangServer:
 
     # ---------------------------------------------------------------- lifecycle
     async def _on_shutdown(self, app: web.Application) -> None:
-        for group in list(self.inflight.values()):
-            for s in list(group):
-                s.abort("server shutting down")
+        self._closing = True
+        self._abort(self._states(), "server shutting down")
+        self._waiters.notify()
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self._control.shutdown(wait=False, cancel_futures=True)
 
     def make_app(self) -> web.Application:
         """The aiohttp application (routes above; in-flight requests are aborted on shutdown)."""
@@ -478,6 +807,10 @@ class LocalSGLangServer:
         app.add_routes([
             web.post("/generate", self.generate),
             web.post("/abort_request", self.abort_request),
+            web.post("/pause_generation", self.pause_generation),
+            web.post("/continue_generation", self.continue_generation),
+            web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.get("/get_weight_version", self.get_weight_version),
             web.get("/health", self.health),
             web.get("/health_generate", self.health_generate),
             web.get("/get_model_info", self.model_info),
@@ -504,12 +837,14 @@ def _log_worker_error(fut: asyncio.Future) -> None:
         logger.debug("generation worker ended with %r", fut.exception())
 
 
-async def _json_body(request: web.Request, streaming_allowed: bool = True) -> dict:
-    """The request's JSON object body.
+async def _json_body(request: web.Request, streaming_allowed: bool = True, empty_ok: bool = False) -> dict:
+    """The request's JSON object body (``{}`` for an empty body when ``empty_ok``).
 
     Raises:
         BadRequest: not JSON, not an object, or ``"stream": true`` where streaming is not served.
     """
+    if empty_ok and not (await request.read()).strip():
+        return {}
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -544,6 +879,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny-config", default=None, help="JSON of TinyModelConfig fields (tiny backend)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--max-workers", type=int, default=64, help="generation threads")
+    p.add_argument("--weight-version", default=DEFAULT_WEIGHT_VERSION,
+                   help="initial weight version reported in meta_info (SGLang's --weight-version)")
     return p.parse_args(argv)
 
 
@@ -570,7 +907,8 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(args.tokenizer)
     backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg)
     server = LocalSGLangServer(
-        backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers
+        backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
+        weight_version=args.weight_version,
     )
     app = server.make_app()
 

@@ -85,7 +85,8 @@ class LocalStack:
 
     Args:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
-            ``startup_timeout_s`` in seconds, ``tiny`` model config).
+            ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
+            ``--weight-version``, ``tiny`` model config).
         domain: tau2 domain the gold-replay servers index (``retail``, ``airline``).
         tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
             resolved path; a hub id makes it download).
@@ -206,6 +207,7 @@ class LocalStack:
                 "--host", host, "--port", str(port),
                 "--backend", local.backend, "--domain", self.domain,
                 "--tokenizer", self.tokenizer, "--tiny-config", tiny_json,
+                "--weight-version", str(local.weight_version),
             ]
             self._spawn(f"server-{i}", cmd, env)
             self._worker_urls.append(url)

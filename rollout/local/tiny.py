@@ -11,6 +11,10 @@ top-k / top-p truncation. Greedy decoding (``T == 0``) reports ``log_softmax(log
 (``T = 1``). :func:`recompute_log_probs` computes the same quantity with one full forward pass,
 which is what ``python -m rollout.check exactness`` compares against.
 
+Weight updates: :meth:`TinyLMBackend.load_weights` loads a folder written by a trainer with
+``transformers``' ``save_pretrained`` (``config.json`` + ``model.safetensors``; :func:`save_weights`
+writes one) and swaps the model in under the forward lock, so every later forward pass uses it.
+
 torch is an optional extra (``pip install 'tau-rollout[tiny]'``); torch and the torch parts of
 ``transformers`` are imported only here.
 """
@@ -22,6 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 try:
@@ -40,7 +45,7 @@ from rollout.local.backend_api import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TinyLMBackend", "build_tiny_model", "recompute_log_probs"]
+__all__ = ["TinyLMBackend", "build_tiny_model", "load_model", "recompute_log_probs", "save_weights"]
 
 # Positions per lm_head chunk in recompute_log_probs: 256 x 151669 float32 logits is ~155 MB.
 _HEAD_CHUNK = 256
@@ -131,6 +136,54 @@ def build_tiny_model(
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+# Config fields a checkpoint must share with the running model: KV caches of requests paused
+# between two steps are reused with the new weights, so their shapes must not change.
+_SAME_SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+)
+
+
+def save_weights(model: Qwen3ForCausalLM, path: str | os.PathLike) -> Path:
+    """Write ``model`` to the folder ``path`` as a trainer would (``save_pretrained``:
+    ``config.json`` and ``model.safetensors``), for ``/update_weights_from_disk``.
+
+    Creates the folder if needed and returns it as a :class:`~pathlib.Path`.
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    return out
+
+
+def load_model(path: str | os.PathLike, vocab_size: int | None = None) -> Qwen3ForCausalLM:
+    """Load a ``save_pretrained`` Qwen3 checkpoint folder as a float32, eval-mode, no-grad model.
+
+    Only local files are read (never a model hub). Args: ``path``, the folder; ``vocab_size``,
+    if given, the number of token ids the model must cover exactly (``len(tokenizer)``).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder holding ``config.json``.
+        ValueError: the checkpoint's vocabulary size differs from ``vocab_size``.
+        OSError / other ``transformers`` errors: unreadable or incomplete weights.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no such folder: {str(folder)!r}")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{str(folder)!r} has no config.json (not a save_pretrained folder)")
+    model = Qwen3ForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+    )
+    if vocab_size is not None and model.config.vocab_size != vocab_size:
+        raise ValueError(
+            f"checkpoint vocab_size {model.config.vocab_size} != tokenizer vocabulary {vocab_size}"
+        )
+    model = model.to(torch.float32)
     model.eval()
     model.requires_grad_(False)
     return model
@@ -257,6 +310,7 @@ class TinyLMBackend:
         self.cfg = _tiny_cfg(cfg)
         self.vocab_size = len(tokenizer)
         self.model = build_tiny_model(self.vocab_size, self.cfg)
+        self.weights_path: str | None = None  # None: the random weights drawn from cfg.seed
         self._lock = threading.Lock()
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if (
@@ -339,6 +393,31 @@ class TinyLMBackend:
             if s and s in text_out:
                 text_out = text_out[: text_out.index(s)]
         return text_out
+
+    def load_weights(self, model_path: str) -> None:
+        """Load a ``save_pretrained`` folder (see :func:`load_model`) and swap it in.
+
+        The checkpoint is read outside the forward lock (generation goes on meanwhile) and
+        swapped in under it. It must have the running model's shapes (vocabulary, layers, heads,
+        head and hidden sizes), since requests paused between steps keep their KV caches.
+
+        Raises:
+            FileNotFoundError, ValueError, OSError: see :func:`load_model`; ValueError also for a
+                shape mismatch. The old weights stay in use.
+        """
+        model = load_model(model_path, self.vocab_size)
+        old, new = self.model.config, model.config
+        diff = [
+            f"{k}: {getattr(new, k, None)} != {getattr(old, k, None)}"
+            for k in _SAME_SHAPE_FIELDS
+            if getattr(new, k, None) != getattr(old, k, None)
+        ]
+        if diff:
+            raise ValueError("checkpoint shape differs from the running model (" + "; ".join(diff) + ")")
+        with self._lock:
+            self.model = model
+            self.weights_path = str(model_path)
+        logger.info("tiny backend: loaded weights from %s", model_path)
 
     # -- exactness -------------------------------------------------------------------------------
 
