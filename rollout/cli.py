@@ -1,23 +1,30 @@
-"""Command line: ``python -m rollout run --config configs/local.yaml [key=value ...]``.
+"""Command line: ``python -m rollout {run,eval,config} --config configs/local.yaml [key=value ...]``.
 
 ``run`` resolves the endpoints (starting the local stack when ``local.enabled``), starts the Ray
 pool, runs every task of the configured split ``rollout.n_samples_per_task`` times with a progress
-bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``summary.json`` to ``rollout.output_dir`` and
-prints a summary table. Exit status: 0 when every episode ended with a policy outcome, 3 when some
-ended with an infrastructure failure, 2 on a bad config.
+bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summary.json`` to
+``rollout.output_dir`` through the same training policy as the trainer API
+(:meth:`rollout.pool.RolloutPool.stream`) and prints a summary table. ``eval`` runs the same
+episodes and prints pass^k / pass@k (:mod:`rollout.evaluation`). ``config`` prints the merged
+config. Exit status: 0 when every episode ended with a policy outcome, 3 when some ended with an
+infrastructure failure, 2 on a bad config.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rollout.config import Config, ConfigError, load_config
 from rollout.records import INFRA_STATUSES
+
+if TYPE_CHECKING:
+    from rollout.pool import RolloutPool
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = [("episodes", str(summary["episodes"]))]
     for st, n in sorted(summary["status_counts"].items()):
         rows.append((f"  {st}", str(n)))
+    rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
+    for reason, n in sorted(summary.get("excluded_counts", {}).items()):
+        rows.append((f"  excluded: {reason}", str(n)))
     for d, r in sorted(summary["mean_reward_per_domain"].items()):
         rows.append((f"mean reward ({d})", f"{r:.4f}"))
     rows += [
@@ -55,17 +65,20 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join([line] + [f"{k:<{w}}  {v:>10}" for k, v in rows] + [line])
 
 
-def run_job(cfg: Config, progress: bool = True) -> dict[str, Any]:
-    """Run the main job described by ``cfg``; returns the summary (also written to disk).
+@contextlib.contextmanager
+def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[tuple[Config, "RolloutPool", list[str]]]:
+    """Start what a job needs and stop it afterwards: the local stack (when ``local.enabled``) and
+    the Ray pool.
+
+    Yields:
+        ``(cfg, pool, task_ids)``: the config with its endpoints resolved, the started pool, and
+        the task ids of ``env.task_split`` / ``env.task_ids``.
 
     Raises:
-        KeyError: ``env.task_ids`` names tasks the domain lacks.
+        KeyError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
-    from tqdm import tqdm
-
     from rollout.env.tau2_env import Tau2Domain
-    from rollout.output import RunWriter
     from rollout.pool import RolloutPool
 
     stack = None
@@ -76,28 +89,52 @@ def run_job(cfg: Config, progress: bool = True) -> dict[str, Any]:
         if cfg.local.enabled:
             from rollout.local.stack import LocalStack
 
-            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / "local_stack_logs")
+            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)
         pool = RolloutPool(cfg).start()
         logger.info("chat template probe (%s):\n%s", cfg.policy.tokenizer, pool.worker_infos()[0]["template_probe"])
-        writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses)  # the clock starts here
-        (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())
-        specs = pool.submit_tasks(task_ids)
-        bar = tqdm(total=len(specs), desc=f"{cfg.env.domain} episodes", unit="ep", disable=not progress, file=sys.stderr)
-        reward_sum, done = 0.0, 0
-        for result in pool.results():
-            s = writer.add(result)
-            reward_sum, done = reward_sum + s.reward, done + 1
-            bar.update(1)
-            bar.set_postfix(reward=f"{reward_sum / done:.3f}", status=s.status)
-        bar.close()
-        return writer.close({"domain": cfg.env.domain, "task_split": cfg.env.task_split, "tasks": len(task_ids), "n_samples_per_task": cfg.rollout.n_samples_per_task})
+        yield cfg, pool, task_ids
     finally:
         if pool is not None:
             pool.shutdown()
         if stack is not None:
             stack.stop()
+
+
+def run_job(cfg: Config, progress: bool = True) -> dict[str, Any]:
+    """Run the main job described by ``cfg``; returns the summary (also written to disk).
+
+    Raises:
+        KeyError: ``env.task_ids`` names tasks the domain lacks.
+        RuntimeError: the local stack or an actor failed to start.
+    """
+    from tqdm import tqdm
+
+    from rollout.groups import Excluded
+    from rollout.output import RunWriter
+
+    with open_pool(cfg) as (cfg, pool, task_ids):
+        writer = RunWriter(cfg.rollout.output_dir)  # the clock starts here
+        (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())
+        specs = pool.submit_tasks(task_ids)
+        bar = tqdm(total=len(specs), desc=f"{cfg.env.domain} episodes", unit="ep", disable=not progress, file=sys.stderr)
+        for item in pool.stream(excluded=True):
+            if isinstance(item, Excluded):
+                writer.add_excluded(item)
+                bar.update(1)
+                bar.set_postfix(excluded=item.reason)
+            else:
+                writer.add_group(item)
+                bar.update(len(item))
+            bar.total = pool.stats()["episodes_submitted"]  # re-runs of failed group members
+        bar.close()
+        st = pool.stats()
+        return writer.close({
+            "domain": cfg.env.domain, "task_split": cfg.env.task_split, "tasks": len(task_ids),
+            "n_samples_per_task": cfg.rollout.n_samples_per_task,
+            "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
+        })
 
 
 def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -119,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pool.num_actors=4")
+    ev = sub.add_parser("eval", help="run every task n times; print pass^k, pass@k and mean reward, write eval.json")
+    ev.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n_samples_per_task=4")
     show = sub.add_parser("config", help="print the merged config and exit")
     show.add_argument("--config", "-c", default=None)
     show.add_argument("overrides", nargs="*")
@@ -140,12 +181,22 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(cfg.logging)
     try:
-        summary = run_job(cfg, progress=not args.no_progress)
+        if args.command == "eval":
+            from rollout.evaluation import EVAL_FILE, format_eval, run_eval
+
+            result = run_eval(cfg, progress=not args.no_progress)
+        else:
+            summary = run_job(cfg, progress=not args.no_progress)
     except KeyError as e:
         print(f"config error: {e.args[0]}", file=sys.stderr)
         return 2
+    if args.command == "eval":
+        print(format_eval(result))
+        print(f"eval: {Path(cfg.rollout.output_dir) / EVAL_FILE}")
+        return 3 if result["infrastructure_failures"] else 0
     print(format_summary(summary))
-    print(f"samples: {Path(cfg.rollout.output_dir) / 'samples.jsonl'}")
+    out = Path(cfg.rollout.output_dir)
+    print(f"samples: {out / 'samples.jsonl'}  (kept out of training: {out / 'failed.jsonl'}, {out / 'filtered.jsonl'})")
     infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
     return 3 if infra else 0
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rollout.records import EpisodeStatus
+from rollout.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 DOMAINS = ("airline", "retail")
 TASK_SPLITS = ("train", "test", "base")
@@ -25,6 +25,10 @@ USER_KINDS = ("scripted", "llm")
 ON_PARSE_ERROR = ("feedback", "abort")
 LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PARTIAL_ROLLOUT = ("continue", "restart_turn", "drop")
+ON_STALE = ("drop", "keep")
+FILTER_GROUPS = ("zero_variance",)
+ON_GROUP_FAILURE = ("rerun", "drop")
 
 
 class ConfigError(ValueError):
@@ -103,11 +107,24 @@ class RolloutConfig:
     n_samples_per_task: int = 1  # group size
     output_dir: str = "outputs/run"
     seed: int = 0
-    weight_version: int = 0
-    # Statuses written to samples.jsonl (trainable); the others go to failed.jsonl.
-    train_statuses: list[str] = field(
-        default_factory=lambda: ["completed", "truncated", "parse_error", "tool_timeout"]
-    )
+    weight_version: int = 0  # the trainer's weight version at start (numeric, for max_staleness)
+    # Statuses that reach training (samples(), groups(), Batch.from_samples, samples.jsonl); the
+    # others reach the trainer only through the pool's excluded() stream and failed.jsonl.
+    train_statuses: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_STATUSES))
+    # A turn interrupted by a weight update (pause with mode=abort): continue = keep the tokens
+    # sampled so far (old weights, mask 1) and generate the rest of the turn; restart_turn = drop
+    # them and regenerate the turn; drop = end the episode `aborted`.
+    partial_rollout: str = "continue"
+    # Versions the oldest /generate call of an episode may lag the trainer's current version at
+    # delivery (AReaL's max_head_offpolicyness); null: no bound. on_stale: drop | keep (counted).
+    max_staleness: Optional[int] = None
+    on_stale: str = "drop"
+    # groups(): zero_variance drops groups whose rewards are all equal (DAPO dynamic sampling).
+    filter_groups: Optional[str] = None
+    # groups(): a member excluded from training (infrastructure failure, stale) is re-run up to
+    # max_member_reruns times (rerun), or its whole group is dropped (drop).
+    on_group_failure: str = "rerun"
+    max_member_reruns: int = 2
 
 
 @dataclass
@@ -133,6 +150,9 @@ class LocalConfig:
     host: str = "127.0.0.1"
     router_port: Optional[int] = None  # null: a free port
     startup_timeout_s: float = 120.0
+    # The servers' --weight-version at start (SGLang's default is "default"; numeric here so
+    # that staleness can be computed); /update_weights_from_disk changes it.
+    weight_version: str = "0"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -205,6 +225,12 @@ def validate(cfg: Config) -> Config:
     valid = {x.value for x in EpisodeStatus}
     for st in r.train_statuses:
         _check(st in valid, "rollout.train_statuses", f"unknown status {st!r}; valid: {sorted(valid)}")
+    _check(r.partial_rollout in PARTIAL_ROLLOUT, "rollout.partial_rollout", f"must be one of {PARTIAL_ROLLOUT}, got {r.partial_rollout!r}")
+    _check(r.max_staleness is None or r.max_staleness >= 0, "rollout.max_staleness", "must be null (off) or >= 0")
+    _check(r.on_stale in ON_STALE, "rollout.on_stale", f"must be one of {ON_STALE}, got {r.on_stale!r}")
+    _check(r.filter_groups is None or r.filter_groups in FILTER_GROUPS, "rollout.filter_groups", f"must be null or one of {FILTER_GROUPS}, got {r.filter_groups!r}")
+    _check(r.on_group_failure in ON_GROUP_FAILURE, "rollout.on_group_failure", f"must be one of {ON_GROUP_FAILURE}, got {r.on_group_failure!r}")
+    _check(r.max_member_reruns >= 0, "rollout.max_member_reruns", "must be >= 0")
     _check(cfg.local.backend in LOCAL_BACKENDS, "local.backend", f"must be one of {LOCAL_BACKENDS}, got {cfg.local.backend!r}")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
     _check(cfg.logging.level.upper() in LOG_LEVELS, "logging.level", f"must be one of {LOG_LEVELS}")

@@ -52,6 +52,10 @@ class EpisodeSettings:
         on_parse_error: ``feedback`` | ``abort``.
         system_prompt: the agent's system prompt.
         tool_names: the tools the parser accepts.
+        partial_rollout: what a turn interrupted by a weight update becomes
+            (``rollout.partial_rollout``): ``continue`` | ``restart_turn`` | ``drop``.
+        stop: the stop strings of ``policy.sampling.stop`` (a continued turn is checked for one
+            that straddles the interruption, which no single server call could see).
     """
 
     max_steps: int
@@ -60,10 +64,94 @@ class EpisodeSettings:
     on_parse_error: str
     system_prompt: str
     tool_names: tuple[str, ...]
+    partial_rollout: str = "continue"
+    stop: tuple[str, ...] = ()
 
 
-def _request_seed(spec: EpisodeSpec, step: int) -> int:
-    return (spec.seed * 1_000_003 + step) % (2**31 - 1)
+def _request_seed(spec: EpisodeSpec, request: int) -> int:
+    """``sampling_seed`` of an episode's ``request``-th ``/generate`` call (a continued turn's
+    second call gets a fresh seed, so it does not replay the random stream of the first)."""
+    return (spec.seed * 1_000_003 + request) % (2**31 - 1)
+
+
+@dataclass
+class _Turn:
+    """One assistant turn, possibly sampled by several ``/generate`` calls."""
+
+    ids: list[int]
+    finish_type: str
+    interruptions: int = 0
+    status: EpisodeStatus | None = None  # set when the turn ends the episode
+    error: str | None = None
+    reason: str | None = None
+
+
+async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient, chat: ChatTemplate, settings: EpisodeSettings, meta: dict[str, Any]) -> _Turn:
+    """Sample one assistant turn into ``traj``.
+
+    A call that ends ``abort`` because the pool paused generation for a weight update
+    (``Generation.interrupted``) is handled by ``settings.partial_rollout``: ``continue`` keeps
+    its tokens (sampled by the old weights, mask 1, with their log-probs and version) and asks for
+    the rest of the turn, up to the turn's ``max_new_tokens`` in all; ``restart_turn`` discards
+    the turn's tokens and samples it again; ``drop`` ends the episode ``aborted``. The next call
+    waits at the actor's gate until the update is over. Any other abort ends the episode
+    ``aborted``; a server failure ends it ``policy_error``.
+    """
+    start = traj.response_length
+    turn = _Turn(ids=[], finish_type="stop")
+    while True:
+        budget = min(settings.max_new_tokens - len(turn.ids), settings.max_context_tokens - len(traj) - len(chat.eot_ids))
+        if budget <= 0:  # the interrupted call had already used the turn's (or the context's) budget
+            turn.finish_type = "length"
+            return turn
+        n = meta["requests"]
+        try:
+            gen = await policy.generate(traj.tokens, max_new_tokens=budget, rid=f"{spec.episode_id}#{n}", routing_key=spec.episode_id, seed=_request_seed(spec, n))
+        except PolicyServerError as e:
+            turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
+            return turn
+        meta["requests"] += 1
+        traj.append_generated(gen.ids, gen.log_probs, gen.weight_version)
+        turn.ids += gen.ids
+        turn.finish_type = gen.finish_type
+        if gen.finish_type != "abort":
+            break
+        if not gen.interrupted:
+            turn.status, turn.reason, turn.error = EpisodeStatus.ABORTED, "abort", "the policy server aborted generation"
+            return turn
+        turn.interruptions += 1
+        meta["interruptions"] += 1
+        if settings.partial_rollout == "drop":
+            turn.status, turn.reason = EpisodeStatus.ABORTED, "weight_update"
+            turn.error = "a weight update interrupted the turn (rollout.partial_rollout=drop)"
+            return turn
+        if settings.partial_rollout == "restart_turn":
+            meta["discarded_tokens"] += traj.discard_from(start)
+            turn.ids = []
+    if turn.interruptions and settings.partial_rollout == "continue":
+        cut = _straddled_stop(chat, turn.ids, settings.stop)
+        if cut is not None:  # the server would have stopped there, had the turn not been split
+            meta["discarded_tokens"] += traj.discard_from(start + cut)
+            turn.ids = turn.ids[:cut]
+            turn.finish_type = "stop"
+    return turn
+
+
+def _straddled_stop(chat: ChatTemplate, ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """For a turn sampled by several calls: the length of its shortest prefix whose text holds a
+    stop string, when that is shorter than the turn (else None).
+
+    Each call's server looks for stop strings in its own output only, so one split across an
+    interruption goes unnoticed and the turn runs on past it. Where it completes is where a single
+    call would have stopped; the tokens after it are dropped.
+    """
+    if not stops or not any(st in chat.decode(ids) for st in stops):
+        return None
+    for k in range(1, len(ids)):
+        text = chat.decode(ids[:k])
+        if any(st in text for st in stops):
+            return k
+    return None
 
 
 async def run_episode(
@@ -96,6 +184,11 @@ async def run_episode(
         "turn_boundary_repairs": 0,
         "length_finishes": 0,
         "tool_errors": 0,
+        "interruptions": 0,  # /generate calls interrupted by a weight update
+        "interrupted_turns": 0,
+        "continued_turns": 0,
+        "restarted_turns": 0,
+        "discarded_tokens": 0,  # sampled tokens dropped (restart_turn, a straddled stop string)
         "termination_reason": None,
         "error": None,
     }
@@ -134,34 +227,27 @@ async def run_episode(
     # -- turns ---------------------------------------------------------------------------------
     for step in range(settings.max_steps):
         # room for the end-of-turn repair keeps the trajectory within max_context_tokens
-        budget = settings.max_context_tokens - len(traj) - len(chat.eot_ids)
-        if budget <= 0:
+        if settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0:
             return finish(EpisodeStatus.TRUNCATED, "context")
         t0 = time.monotonic()
-        try:
-            gen = await policy.generate(
-                traj.tokens,
-                max_new_tokens=min(settings.max_new_tokens, budget),
-                rid=f"{eid}#{step}",
-                routing_key=eid,
-                seed=_request_seed(spec, step),
-            )
-        except PolicyServerError as e:
-            return finish(EpisodeStatus.POLICY_ERROR, "policy_error", str(e))
+        turn = await _sample_turn(spec, traj, policy, chat, settings, meta)
         timings["generate_s"] += time.monotonic() - t0
-        meta["requests"] += 1
-        traj.append_generated(gen.ids, gen.log_probs)
-        if gen.finish_type == "abort":
-            return finish(EpisodeStatus.ABORTED, "abort", "the policy server aborted generation")
+        if turn.interruptions:
+            meta["interrupted_turns"] += 1
+            meta["continued_turns"] += int(settings.partial_rollout == "continue" and turn.status is None)
+            meta["restarted_turns"] += int(settings.partial_rollout == "restart_turn" and turn.status is None)
+        if turn.status is not None:
+            return finish(turn.status, turn.reason or turn.status.value, turn.error)
+        gen_ids = turn.ids
         meta["turns"] += 1
-        closed = chat.ends_turn(gen.ids)
-        text = chat.decode(gen.ids[: len(gen.ids) - len(chat.eot_ids)] if closed else gen.ids)
+        closed = chat.ends_turn(gen_ids)
+        text = chat.decode(gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids)
         if not closed:
             # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
             # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
             traj.append_context(chat.eot_ids)
             meta["turn_boundary_repairs"] += 1
-        if gen.finish_type == "length":
+        if turn.finish_type == "length":
             meta["length_finishes"] += 1
 
         try:

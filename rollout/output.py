@@ -1,9 +1,17 @@
-"""Writing a run's results: ``samples.jsonl``, ``failed.jsonl`` and ``summary.json``.
+"""Writing a run's results: ``samples.jsonl``, ``failed.jsonl``, ``filtered.jsonl`` and ``summary.json``.
 
-Samples whose status is in ``rollout.train_statuses`` (by default the policy outcomes) go to
-``samples.jsonl``, one :class:`~rollout.records.TrainingSample` per line. Infrastructure failures
-go to ``failed.jsonl`` in the same format, so nothing is lost and nothing is silently trained as
-reward 0 (DESIGN.md invariant 4). Lines are flushed as results arrive.
+The files follow the same training policy as the trainer API (:mod:`rollout.groups`), because
+they are written from :meth:`rollout.pool.RolloutPool.stream`:
+
+* ``samples.jsonl``: the training data, complete kept groups, one
+  :class:`~rollout.records.TrainingSample` per line;
+* ``failed.jsonl``: episodes whose status is not in ``rollout.train_statuses`` (by default the
+  infrastructure failures, DESIGN.md invariant 4, and cancelled episodes), same format;
+* ``filtered.jsonl``: trainable episodes held back from training: stale beyond
+  ``rollout.max_staleness``, groups with equal rewards (``rollout.filter_groups``), groups dropped
+  because a member failed; ``metadata.excluded_reason`` says which.
+
+Every episode is on exactly one line of one file. Lines are flushed as results arrive.
 """
 
 from __future__ import annotations
@@ -14,30 +22,44 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout.records import InteractionResult, TrainingSample
+from rollout.groups import Excluded
+from rollout.records import INFRA_STATUSES, TrainingSample
+
+_FAILURE_STATUSES = {s.value for s in INFRA_STATUSES}
 
 
 class RunStats:
-    """Running totals for the summary (counts, rewards, tokens, timings)."""
+    """Running totals for the summary (counts, rewards, tokens, timings).
+
+    Mean rewards are over episodes with a policy outcome (an infrastructure failure has no
+    reward; it is counted in ``status_counts``, never averaged in as 0).
+    """
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.status_counts: collections.Counter[str] = collections.Counter()
+        self.excluded_counts: collections.Counter[str] = collections.Counter()
         self.reward_sum: collections.Counter[str] = collections.Counter()
         self.reward_n: collections.Counter[str] = collections.Counter()
         self.episodes = 0
+        self.trained = 0
         self.turns = 0
         self.tokens = 0
         self.generated_tokens = 0
         self.repairs = 0
         self.parse_errors = 0
 
-    def add(self, s: TrainingSample) -> None:
+    def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
         m = s.metadata
         self.episodes += 1
         self.status_counts[s.status] += 1
-        self.reward_sum[m.get("domain", "?")] += s.reward
-        self.reward_n[m.get("domain", "?")] += 1
+        if excluded_reason is None:
+            self.trained += 1
+        else:
+            self.excluded_counts[excluded_reason] += 1
+        if s.status not in _FAILURE_STATUSES and s.status != "cancelled":
+            self.reward_sum[m.get("domain", "?")] += s.reward
+            self.reward_n[m.get("domain", "?")] += 1
         self.turns += int(m.get("turns", 0) or 0)
         self.tokens += len(s.tokens)
         self.generated_tokens += int(sum(s.loss_mask))
@@ -49,7 +71,9 @@ class RunStats:
         n = max(self.episodes, 1)
         return {
             "episodes": self.episodes,
+            "trained_samples": self.trained,
             "status_counts": dict(self.status_counts),
+            "excluded_counts": dict(self.excluded_counts),
             "mean_reward_per_domain": {d: self.reward_sum[d] / self.reward_n[d] for d in self.reward_n},
             "mean_turns": self.turns / n,
             "mean_tokens": self.tokens / n,
@@ -63,33 +87,41 @@ class RunStats:
 
 
 class RunWriter:
-    """Streams results of one run into ``output_dir``.
+    """Streams the results of one run into ``output_dir`` (see the module docstring).
 
     Args:
         output_dir: created if missing; existing result files are replaced.
-        train_statuses: statuses written to ``samples.jsonl``.
     """
 
-    def __init__(self, output_dir: str | Path, train_statuses: list[str]):
+    FILES = ("samples.jsonl", "failed.jsonl", "filtered.jsonl")
+
+    def __init__(self, output_dir: str | Path):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.train_statuses = set(train_statuses)
-        self._samples = open(self.dir / "samples.jsonl", "w")
-        self._failed = open(self.dir / "failed.jsonl", "w")
+        self._files = {name: open(self.dir / name, "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
         self.stats = RunStats()
 
-    def add(self, result: InteractionResult) -> TrainingSample:
-        s = result.to_sample()
-        f = self._samples if s.status in self.train_statuses else self._failed
+    def _write(self, name: str, s: TrainingSample) -> None:
+        f = self._files[name]
         f.write(json.dumps(s.to_dict()) + "\n")
         f.flush()
-        self.stats.add(s)
-        return s
+
+    def add_group(self, group: list[TrainingSample]) -> None:
+        """Write a kept group's samples to ``samples.jsonl``."""
+        for s in group:
+            self._write("samples.jsonl", s)
+            self.stats.add(s)
+
+    def add_excluded(self, ex: Excluded) -> None:
+        """Write an excluded sample to ``failed.jsonl`` (its status is not trainable) or
+        ``filtered.jsonl`` (held back for another reason)."""
+        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", ex.sample)
+        self.stats.add(ex.sample, ex.reason)
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Close the files and write ``summary.json``; returns the summary."""
-        self._samples.close()
-        self._failed.close()
+        for f in self._files.values():
+            f.close()
         summary = self.stats.summary()
         if extra:
             summary.update(extra)
@@ -98,6 +130,6 @@ class RunWriter:
 
 
 def read_samples(path: str | Path) -> list[TrainingSample]:
-    """Load a ``samples.jsonl`` file."""
+    """Load a ``samples.jsonl`` (or ``failed.jsonl`` / ``filtered.jsonl``) file."""
     with open(path) as f:
         return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]

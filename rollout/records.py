@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -24,9 +24,14 @@ class EpisodeStatus(str, enum.Enum):
     ``TOOL_TIMEOUT`` (a tool call the model wrote ran past the step timeout and was killed).
 
     Infrastructure outcomes (never trained as reward 0 by default, DESIGN.md invariant 4):
-    ``ABORTED`` (the server aborted generation), ``POLICY_ERROR`` (router / policy server failed),
+    ``ABORTED`` (the server aborted generation, or a weight update interrupted a turn with
+    ``rollout.partial_rollout=drop``), ``POLICY_ERROR`` (router / policy server failed),
     ``ENV_ERROR`` (environment code raised), ``USER_ERROR`` (user simulator failed),
     ``EVAL_ERROR`` (the reward evaluator raised).
+
+    ``CANCELLED``: the driver cancelled the episode because it was no longer needed (the surplus
+    of dynamic sampling, :meth:`rollout.pool.RolloutPool.cancel_outstanding`). Neither a policy
+    outcome nor a failure; never trained by default.
     """
 
     COMPLETED = "completed"
@@ -38,6 +43,7 @@ class EpisodeStatus(str, enum.Enum):
     ENV_ERROR = "env_error"
     USER_ERROR = "user_error"
     EVAL_ERROR = "eval_error"
+    CANCELLED = "cancelled"
 
     @property
     def is_infrastructure_failure(self) -> bool:
@@ -54,6 +60,9 @@ INFRA_STATUSES = frozenset(
         EpisodeStatus.EVAL_ERROR,
     }
 )
+
+# The policy outcomes: what ``rollout.train_statuses`` holds by default.
+DEFAULT_TRAIN_STATUSES = ("completed", "truncated", "parse_error", "tool_timeout")
 
 
 @dataclass(frozen=True)
@@ -87,18 +96,30 @@ class TrajectoryError(ValueError):
 
 @dataclass
 class Trajectory:
-    """Append-only token record of one episode (DESIGN.md invariant 1).
+    """Token record of one episode (DESIGN.md invariant 1).
 
     ``prompt_ids`` is the first request's prompt. Every later token is appended either as
     *generated* (sampled by the policy: mask 1, its rollout log-prob) or as *context* (template
     tokens, tool results, user turns, turn-boundary repairs: mask 0, log-prob 0.0). The three
     response lists always have the same length.
+
+    Each ``/generate`` call is recorded once, in order: ``weight_versions[j]`` is the server's
+    ``meta_info["weight_version"]`` for call ``j`` (``None`` if the server sent none) and
+    ``generation_spans[j] == (start, end)`` are the response indices of the tokens call ``j``
+    sampled (``end - start`` tokens; empty when it sampled none or its tokens were discarded).
+    The spans are disjoint, in order, and cover exactly the positions whose mask is 1, so every
+    sampled token's weight version is known (slime's ``Sample.weight_versions``, made per token).
+
+    The record is append-only but for :meth:`discard_from`, which drops the tail of an unfinished
+    turn (``rollout.partial_rollout=restart_turn``) before anything else is appended.
     """
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[str | None] = field(default_factory=list)
+    generation_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
@@ -112,17 +133,21 @@ class Trajectory:
     def response_length(self) -> int:
         return len(self.response_ids)
 
-    def append_generated(self, ids: list[int], log_probs: list[float]) -> None:
-        """Append ids sampled by the policy, with their log-probs (mask 1).
+    def append_generated(self, ids: list[int], log_probs: list[float], weight_version: str | None = None) -> None:
+        """Append the ids one ``/generate`` call sampled, with their log-probs (mask 1), and
+        record the call's weight version and span (also for an empty ``ids``).
 
         Raises:
             TrajectoryError: ``len(ids) != len(log_probs)``.
         """
         if len(ids) != len(log_probs):
             raise TrajectoryError(f"{len(ids)} generated ids but {len(log_probs)} log-probs")
+        start = len(self.response_ids)
         self.response_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.rollout_log_probs.extend(float(x) for x in log_probs)
+        self.weight_versions.append(None if weight_version is None else str(weight_version))
+        self.generation_spans.append((start, start + len(ids)))
 
     def append_context(self, ids: list[int]) -> None:
         """Append ids the policy did not sample (mask 0, log-prob 0.0)."""
@@ -130,13 +155,52 @@ class Trajectory:
         self.loss_mask.extend([0] * len(ids))
         self.rollout_log_probs.extend([0.0] * len(ids))
 
+    def discard_from(self, index: int) -> int:
+        """Drop response tokens from response index ``index`` on; the calls that sampled them
+        keep their entries with their spans cut at ``index``.
+
+        Returns:
+            The number of tokens dropped.
+
+        Raises:
+            TrajectoryError: ``index`` is outside ``[0, response_length]``.
+        """
+        n = len(self.response_ids)
+        if not 0 <= index <= n:
+            raise TrajectoryError(f"cannot discard from {index}: the response has {n} tokens")
+        del self.response_ids[index:], self.loss_mask[index:], self.rollout_log_probs[index:]
+        self.generation_spans = [(min(a, index), min(b, index)) for a, b in self.generation_spans]
+        return n - index
+
     def check(self) -> None:
-        """Raise :class:`TrajectoryError` if the three response lists are misaligned."""
+        """Raise :class:`TrajectoryError` if the response lists, the spans and the mask disagree."""
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.rollout_log_probs) != n:
             raise TrajectoryError(
                 f"misaligned trajectory: {n} ids, {len(self.loss_mask)} mask, {len(self.rollout_log_probs)} log-probs"
             )
+        check_spans(self.generation_spans, self.weight_versions, self.loss_mask)
+
+
+def check_spans(spans: list, versions: list, loss_mask: list[int]) -> None:
+    """Check that per-call ``spans`` are in order, disjoint, one per entry of ``versions``, and
+    cover exactly the positions where ``loss_mask`` is 1.
+
+    Raises:
+        TrajectoryError: naming the first disagreement.
+    """
+    if len(spans) != len(versions):
+        raise TrajectoryError(f"{len(spans)} generation spans but {len(versions)} weight versions")
+    pos = 0
+    covered = 0
+    for a, b in spans:
+        if not pos <= a <= b <= len(loss_mask):
+            raise TrajectoryError(f"generation span ({a}, {b}) out of order or out of range")
+        if any(m != 1 for m in loss_mask[a:b]):
+            raise TrajectoryError(f"generation span ({a}, {b}) covers tokens with mask 0")
+        pos, covered = b, covered + (b - a)
+    if covered != sum(loss_mask):
+        raise TrajectoryError(f"{sum(loss_mask)} tokens have mask 1 but the generation spans cover {covered}")
 
 
 @dataclass
@@ -178,6 +242,8 @@ class InteractionResult:
             response_length=traj.response_length,
             loss_mask=list(traj.loss_mask),
             rollout_log_probs=list(traj.rollout_log_probs),
+            weight_versions=list(traj.weight_versions),
+            generation_spans=[list(sp) for sp in traj.generation_spans],
             reward=float(self.reward),
             status=self.status.value,
             group_id=self.spec.group_id,
@@ -192,7 +258,10 @@ class TrainingSample:
 
     ``tokens`` has length ``prompt_length + response_length``; ``loss_mask`` and
     ``rollout_log_probs`` have length ``response_length`` and index the response part of
-    ``tokens`` (``tokens[-response_length:]``).
+    ``tokens`` (``tokens[-response_length:]``). ``weight_versions`` has one entry per
+    ``/generate`` call of the episode, in order (the server's ``meta_info["weight_version"]``);
+    ``generation_spans[j] = [start, end)`` are the response indices call ``j`` sampled (see
+    :class:`Trajectory`); :meth:`token_weight_versions` spreads the versions over the tokens.
     """
 
     tokens: list[int]
@@ -204,10 +273,34 @@ class TrainingSample:
     group_id: str
     sample_index: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    weight_versions: list[str | None] = field(default_factory=list)
+    generation_spans: list[list[int]] = field(default_factory=list)
 
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
+
+    def token_weight_versions(self) -> list[str | None]:
+        """The weight version that sampled each response token (length ``response_length``;
+        ``None`` where the mask is 0)."""
+        out: list[str | None] = [None] * self.response_length
+        for (a, b), v in zip(self.generation_spans, self.weight_versions):
+            out[a:b] = [v] * (b - a)
+        return out
+
+    def numeric_weight_versions(self) -> list[int]:
+        """The calls' versions as integers (for staleness).
+
+        Raises:
+            ValueError: a version is missing or not an integer (e.g. SGLang's ``"default"``).
+        """
+        try:
+            return [int(str(v)) for v in self.weight_versions]
+        except ValueError:
+            raise ValueError(
+                f"episode {self.metadata.get('episode_id')}: weight versions {self.weight_versions} are not all integers; "
+                "rollout.max_staleness needs numeric versions (start the servers with --weight-version 0 and update with integers)"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,14 +336,27 @@ class Batch:
     group_ids: list[str]
 
     @classmethod
-    def from_samples(cls, samples: list[TrainingSample], pad_token_id: int = 0) -> "Batch":
+    def from_samples(cls, samples: list[TrainingSample], pad_token_id: int = 0, train_statuses: Iterable[str] = DEFAULT_TRAIN_STATUSES) -> "Batch":
         """Pad ``samples`` to the longest one.
 
+        Args:
+            samples: the samples, e.g. one or more groups from ``RolloutPool.groups()``.
+            pad_token_id: id used for padding ``tokens``.
+            train_statuses: the statuses that may be trained (pass ``cfg.rollout.train_statuses``;
+                the default is the policy outcomes), so that an infrastructure failure can never
+                become a row of reward 0 (DESIGN.md invariant 4).
+
         Raises:
-            ValueError: ``samples`` is empty or a sample is misaligned.
+            ValueError: ``samples`` is empty, a sample is misaligned, or a sample's status is not
+                in ``train_statuses`` (the message names the episode and its status).
         """
         if not samples:
             raise ValueError("cannot build a Batch from zero samples")
+        allowed = set(train_statuses)
+        bad = [s for s in samples if s.status not in allowed]
+        if bad:
+            names = ", ".join(f"{s.metadata.get('episode_id', '?')} ({s.status})" for s in bad[:5])
+            raise ValueError(f"{len(bad)} sample(s) have a status outside train_statuses {sorted(allowed)}: {names}")
         b = len(samples)
         t = max(len(s.tokens) for s in samples)
         tokens = np.full((b, t), pad_token_id, dtype=np.int64)

@@ -20,7 +20,7 @@ from rollout.config import EnvConfig, LoggingConfig, PolicyConfig
 from rollout.env.tau2_env import Tau2Domain, Tau2Environment, ToolSandbox
 from rollout.env.user import make_user
 from rollout.episode import EpisodeSettings, run_episode
-from rollout.policy import SGLangClient
+from rollout.policy import GenerationGate, RouterAdmin, SGLangClient
 from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.tokenizer import load_tokenizer
 
@@ -49,12 +49,20 @@ class RolloutWorker:
         env_cfg: the ``env`` section (``user.base_url`` resolved for the llm user).
         logging_cfg: the ``logging`` section.
         max_concurrent_episodes: episodes run at once (the rest wait).
+        partial_rollout: ``rollout.partial_rollout``, what a turn interrupted by a weight update
+            becomes (``continue`` | ``restart_turn`` | ``drop``).
+
+    The weight-update cycle: :meth:`pause_generation` closes the worker's
+    :class:`~rollout.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
+    abort meanwhile is an interruption, see ``partial_rollout``), :meth:`resume_generation` opens
+    it. :meth:`cancel` ends chosen episodes at once as ``cancelled``.
 
     Raises:
         TemplateError: the tokenizer's chat template cannot give exact delta tokenization.
     """
 
-    def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8):
+    def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8,
+                 partial_rollout: str = "continue"):
         logging_cfg = logging_cfg or LoggingConfig()
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
@@ -77,6 +85,8 @@ class RolloutWorker:
             on_parse_error=policy_cfg.on_parse_error,
             system_prompt=self.domain.system_prompt,
             tool_names=tuple(self.domain.tool_names),
+            partial_rollout=partial_rollout,
+            stop=tuple(policy_cfg.sampling.stop),
         )
         self.max_concurrent_episodes = max_concurrent_episodes
         self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
@@ -84,16 +94,47 @@ class RolloutWorker:
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: SGLangClient | None = None
+        self.gate = GenerationGate()
+        self._running: dict[str, asyncio.Task] = {}
+        self._cancelled: set[str] = set()
         self.episodes_run = 0
 
     def _ensure_session(self) -> SGLangClient:
         if self._session is None or self._session.closed:
             conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=conn)
-            self._client = SGLangClient(self.policy_cfg, self._session)
+            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
         assert self._client is not None
         return self._client
+
+    async def pause_generation(self) -> int:
+        """Close the gate: ``/generate`` calls wait until :meth:`resume_generation`. Returns the
+        number of episodes running here."""
+        self.gate.close()
+        return len(self._running)
+
+    async def resume_generation(self) -> int:
+        """Open the gate: held calls go on. Returns the number of episodes running here."""
+        self.gate.open()
+        return len(self._running)
+
+    async def cancel(self, episode_ids: list[str]) -> int:
+        """End the given episodes now, as ``cancelled`` (their :meth:`run` returns that), and
+        abort their ``/generate`` calls on the servers. Episodes not running here (not started
+        yet, or already finished) are cancelled when they start, or ignored. Returns how many
+        were running."""
+        client = self._ensure_session()
+        ids = set(episode_ids)
+        self._cancelled |= ids
+        hit = [eid for eid in ids if eid in self._running]
+        rids = [client.inflight[eid] for eid in hit if eid in client.inflight]
+        for eid in hit:
+            self._running[eid].cancel()
+        if rids:
+            admin = RouterAdmin(self.policy_cfg.router_url, self._session, timeout_s=10)
+            await asyncio.gather(*[admin.abort(rid) for rid in rids])
+        return len(hit)
 
     async def run(self, spec: EpisodeSpec, timeout_s: float | None = None) -> InteractionResult:
         """Run one episode; never raises (every failure is a typed status).
@@ -104,21 +145,39 @@ class RolloutWorker:
         """
         client = self._ensure_session()
         assert self._semaphore is not None
+        eid = spec.episode_id
         async with self._semaphore:
-            try:
-                task = self.domain.tasks[spec.task_id]
-                user = make_user(task, self.env_cfg.user, seed=spec.seed)
-                env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
-                coro = run_episode(spec, env, client, self.chat, self.settings)
-                result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
-            except asyncio.TimeoutError:
-                result = InteractionResult(spec, EpisodeStatus.ABORTED, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s"})
-            except Exception as e:  # anything else is a bug, but must not take the actor down
-                logger.exception("episode %s crashed", spec.episode_id)
-                result = InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
+            if eid in self._cancelled:
+                result = _cancelled(spec)
+            else:
+                task = asyncio.ensure_future(self._run(spec, client, timeout_s))
+                self._running[eid] = task
+                try:
+                    result = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if eid not in self._cancelled:  # the caller went away (e.g. Ray cancelled run)
+                        task.cancel()
+                        raise
+                    result = _cancelled(spec)
+                finally:
+                    self._running.pop(eid, None)
+        self._cancelled.discard(eid)
         self.episodes_run += 1
         result.metadata.setdefault("worker_pid", os.getpid())
         return result
+
+    async def _run(self, spec: EpisodeSpec, client: SGLangClient, timeout_s: float | None) -> InteractionResult:
+        try:
+            task = self.domain.tasks[spec.task_id]
+            user = make_user(task, self.env_cfg.user, seed=spec.seed)
+            env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
+            coro = run_episode(spec, env, client, self.chat, self.settings)
+            return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+        except asyncio.TimeoutError:
+            return InteractionResult(spec, EpisodeStatus.ABORTED, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s"})
+        except Exception as e:  # anything else is a bug, but must not take the actor down
+            logger.exception("episode %s crashed", spec.episode_id)
+            return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
 
     def info(self) -> dict[str, Any]:
         """Identity and state of this worker (for logs and the pool)."""
@@ -129,11 +188,21 @@ class RolloutWorker:
             "episodes_run": self.episodes_run,
             "template_probe": self.template_report.summary(),
             "sandbox_kills": self.sandbox.kills,
+            "running": len(self._running),
+            "gate_closed": self.gate.closed,
         }
 
     async def close(self) -> None:
-        """Close the HTTP session, the sandbox and the thread pool."""
+        """Cancel the episodes still running (their requests are aborted on the servers), then
+        close the HTTP session, the sandbox and the thread pool."""
+        if self._running:
+            await self.cancel(list(self._running))
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self.sandbox.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _cancelled(spec: EpisodeSpec) -> InteractionResult:
+    return InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})

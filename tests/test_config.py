@@ -49,6 +49,12 @@ def test_overrides_merge_and_coerce():
         ("policy.on_parse_error=ignore", "policy.on_parse_error"),
         ("local.backend=gpt", "local.backend"),
         ("rollout.train_statuses=[completed,bogus]", "rollout.train_statuses"),
+        ("rollout.partial_rollout=resume", "rollout.partial_rollout"),
+        ("rollout.max_staleness=-1", "rollout.max_staleness"),
+        ("rollout.on_stale=ignore", "rollout.on_stale"),
+        ("rollout.filter_groups=all_zero", "rollout.filter_groups"),
+        ("rollout.on_group_failure=retry", "rollout.on_group_failure"),
+        ("rollout.max_member_reruns=-2", "rollout.max_member_reruns"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
