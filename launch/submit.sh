@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Submit the rollout job to a Ray cluster with `ray job submit`.
+# Submit a job to a Ray cluster with `ray job submit`.
 #
-#   launch/submit.sh [--address http://HEAD:8265] [--no-wait] -- --config configs/retail_grpo.yaml [key=value ...]
+#   launch/submit.sh [--address http://HEAD:8265] [--entry launch/job.py] [--no-wait] -- ARGS...
 #
+# --entry is the script the job runs (default launch/job.py, the rollout job; e.g.
+# launch/train_grpo_tiny.py for the GRPO example); ARGS are its arguments, e.g.
+#   launch/submit.sh -- --config configs/retail_grpo.yaml pool.num_actors=32
+#   launch/submit.sh --entry launch/train_grpo_tiny.py -- --config configs/local.yaml local.backend=tiny --steps 3
 # --address defaults to $RAY_ADDRESS, then http://127.0.0.1:8265 (run it on the head node).
 # The project folder is uploaded as the job's working directory (virtual environments, outputs
 # and git data excluded); the cluster's Python environment must have the dependencies installed
@@ -10,15 +14,21 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 address="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+entry="launch/job.py"
 wait_flag=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --address) address="$2"; shift 2 ;;
+    --entry) entry="$2"; shift 2 ;;
     --no-wait) wait_flag="--no-wait"; shift ;;
     --) shift; break ;;
     *) break ;;
   esac
 done
+if [[ ! -f "$here/$entry" ]]; then
+  echo "submit.sh: --entry $entry: no such file in $here" >&2
+  exit 2
+fi
 runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
 exec ray job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
-  -- python launch/job.py "$@"
+  -- python "$entry" "$@"
