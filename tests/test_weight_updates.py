@@ -156,3 +156,37 @@ def test_pause_resume_and_update_with_64_episodes_in_flight(ray_cluster, tiny_st
         assert n > 0, "no continued turn holds tokens of both versions"
         assert contrast > 1e-2  # the other version's weights would not match: the check has power
     assert worst <= 1e-4
+
+
+def test_a_failed_update_names_the_workers_and_keeps_generation_paused(ray_cluster, tiny_stack, tmp_path):
+    """A checkpoint no worker can load: a WeightSyncError naming every worker, the version
+    unchanged, generation still paused (never going on with mixed weights); after a deliberate
+    resume every episode is delivered once."""
+    from rollout.policy import WeightSyncError
+
+    cfg = load_config(None, [
+        f"policy.router_url={tiny_stack.router_url}", "pool.num_actors=1", "pool.max_concurrent_episodes=4",
+        "pool.num_cpus_per_actor=0.5", "env.max_steps=1", "policy.sampling.max_new_tokens=64",
+    ])
+    before = _info(tiny_stack.worker_urls[0])["weight_version"]
+    pool = RolloutPool(cfg).start()
+    try:
+        pool.set_weight_version(int(before))
+        specs = pool.submit_tasks(["0", "1", "2", "3"])
+        _wait(lambda: _running(pool) == 4, what="4 episodes running")
+        with pytest.raises(WeightSyncError) as e:
+            pool.update_weights_from_disk(str(tmp_path / "no-such-checkpoint"), int(before) + 1)
+        assert sorted(e.value.failures) == sorted(tiny_stack.worker_urls)
+        assert all(u in str(e.value) for u in tiny_stack.worker_urls) and "no-such-checkpoint" in str(e.value)
+        assert pool.paused == "abort" and pool.weight_version == int(before)
+        assert {_info(u)["pause_mode"] for u in tiny_stack.worker_urls} == {"abort"}
+        assert {_info(u)["weight_version"] for u in tiny_stack.worker_urls} == {before}
+        held, steps = _running(pool), _steps(tiny_stack)
+        time.sleep(0.5)
+        assert _steps(tiny_stack) == steps and _running(pool) == held > 0  # held, not ended
+        pool.resume()
+        results = list(pool.results(timeout_s=300))
+    finally:
+        pool.shutdown()
+    assert sorted(r.spec.episode_id for r in results) == sorted(s.episode_id for s in specs)
+    assert all(r.trajectory.weight_versions and set(r.trajectory.weight_versions) == {before} for r in results)
