@@ -11,8 +11,24 @@
 # The project folder is uploaded as the job's working directory (virtual environments, outputs
 # and git data excluded); the cluster's Python environment must have the dependencies installed
 # (pip install -e . on every node, or add "pip" to the runtime env below).
+# `ray` is the project's own (.venv/bin/ray under the repository root; no need to activate the
+# virtual environment), else `ray` on PATH; $RAY_BIN overrides both.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -n "${RAY_BIN:-}" ]]; then
+  if ! ray_bin="$(command -v -- "$RAY_BIN")"; then
+    echo "submit.sh: RAY_BIN=$RAY_BIN is not an executable (a path, or a command on PATH)" >&2
+    exit 127
+  fi
+elif [[ -x "$here/.venv/bin/ray" ]]; then
+  ray_bin="$here/.venv/bin/ray"
+elif command -v ray >/dev/null 2>&1; then
+  ray_bin="$(command -v ray)"
+else
+  echo "submit.sh: cannot find 'ray': neither $here/.venv/bin/ray (the project's virtual environment) nor 'ray' on PATH;" \
+    "install the project there (python -m venv .venv && .venv/bin/pip install -e .) or set RAY_BIN" >&2
+  exit 127
+fi
 address="${RAY_ADDRESS:-http://127.0.0.1:8265}"
 entry="launch/job.py"
 wait_flag=""
@@ -30,5 +46,5 @@ if [[ ! -f "$here/$entry" ]]; then
   exit 2
 fi
 runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
-exec ray job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
+exec "$ray_bin" job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
   -- python "$entry" "$@"

@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from rollout.config import Config, ConfigError, load_config
+from rollout.episode import parse_request_id
 from rollout.records import InteractionResult
 
 logger = logging.getLogger(__name__)
@@ -58,13 +59,13 @@ class RecordingProxy:
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
-        headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-")}
+        headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-") or k.lower() == "authorization"}
         async with self._session.post(self.upstream + "/generate", json=body, headers=headers) as r:
             data = await r.json(content_type=None)
             status = r.status
         if status == 200 and isinstance(body.get("input_ids"), list):
             pairs = data["meta_info"]["output_token_logprobs"]
-            eid = str(body.get("rid", "")).rsplit("#", 1)[0]
+            eid = parse_request_id(str(body.get("rid", "")))[0]
             self.calls[eid].append((list(body["input_ids"]), [p[1] for p in pairs], [p[0] for p in pairs]))
         return web.json_response(data, status=status)
 

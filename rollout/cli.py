@@ -6,8 +6,11 @@ bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summar
 ``rollout.output_dir`` through the same training policy as the trainer API
 (:meth:`rollout.pool.RolloutPool.stream`) and prints a summary table. ``eval`` runs the same
 episodes and prints pass^k / pass@k (:mod:`rollout.evaluation`). ``config`` prints the merged
-config. Exit status: 0 when every episode ended with a policy outcome, 3 when some ended with an
-infrastructure failure, 2 on a bad config.
+config. A run is a journal (:mod:`rollout.journal`): ``--resume`` finishes a stopped run,
+``--overwrite`` replaces one. Exit status: 0 when every episode ended with a policy outcome, 3
+when some ended with an infrastructure failure, 2 on a bad config or an output directory that
+holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
+SIGINT / SIGTERM stopped it (the summary says ``interrupted``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -36,33 +42,100 @@ def resolve_endpoints(cfg: Config, router_url: str | None) -> Config:
     if router_url is not None:
         policy = dataclasses.replace(policy, router_url=router_url)
         if user.kind == "llm" and user.base_url is None:
-            user = dataclasses.replace(user, base_url=router_url.rstrip("/") + "/v1", model=user.model or "local")
+            # the local router serves the user simulator too, behind the same key
+            user = dataclasses.replace(user, base_url=router_url.rstrip("/") + "/v1", model=user.model or "local",
+                                       api_key_env=user.api_key_env or policy.api_key_env)
     env = dataclasses.replace(cfg.env, user=user)
     return dataclasses.replace(cfg, policy=policy, env=env)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table."""
+    """The end-of-run table: statuses, what was trained and kept out, mean reward over trainable
+    episodes, repeated errors grouped one line per kind, true wall time, the files."""
     rows = [("episodes", str(summary["episodes"]))]
     for st, n in sorted(summary["status_counts"].items()):
         rows.append((f"  {st}", str(n)))
     rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
     for reason, n in sorted(summary.get("excluded_counts", {}).items()):
         rows.append((f"  excluded: {reason}", str(n)))
+    if summary.get("undelivered"):
+        rows.append(("not delivered (--resume runs them)", str(summary["undelivered"])))
     for d, r in sorted(summary["mean_reward_per_domain"].items()):
-        rows.append((f"mean reward ({d})", f"{r:.4f}"))
+        rows.append((f"mean reward ({d}, trainable)", f"{r:.4f}"))
     rows += [
         ("mean turns", f"{summary['mean_turns']:.2f}"),
         ("mean tokens / episode", f"{summary['mean_tokens']:.1f}"),
         ("generated tokens", str(summary["generated_tokens"])),
         ("turn-boundary repairs", str(summary["turn_boundary_repairs"])),
         ("parse errors", str(summary["parse_errors"])),
-        ("wall time (s)", f"{summary['wall_s']:.1f}"),
+        ("wall time (s)", f"{summary['wall_s']:.2f}"),
         ("episodes / s", f"{summary['episodes_per_s']:.3f}"),
     ]
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 14)
-    return "\n".join([line] + [f"{k:<{w}}  {v:>10}" for k, v in rows] + [line])
+    out = [line] + [f"{k:<{w}}  {v:>10}" for k, v in rows] + [line]
+    errors = summary.get("errors") or []
+    if errors:
+        out.append("errors (one line per kind):")
+        out += [f"  {e['count']:>5} x {e['kind']}" for e in errors[:20]]
+        if len(errors) > 20:
+            out.append(f"  ... and {len(errors) - 20} more kinds (summary.json)")
+    if summary.get("status") not in (None, "finished"):
+        out.append(f"run {summary['status']}: {summary.get('reason')}")
+    return "\n".join(out)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the run before the pool was running (a ``BaseException``, like
+    ``KeyboardInterrupt``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalStop:
+    """SIGINT / SIGTERM handling for a run, as a context manager (main thread only; a no-op
+    elsewhere). While :attr:`pool` is set, a signal asks the pool to stop
+    (:meth:`rollout.pool.RolloutPool.interrupt`: it cancels its in-flight episodes and raises
+    ``RunInterrupted`` within about a second); before, it raises :class:`Interrupted`. A second
+    signal is ignored, so the clean-up cannot be cut short (SIGKILL still ends everything, and
+    the journal keeps what was delivered). Previous handlers are restored on exit."""
+
+    def __init__(self) -> None:
+        self.pool: RolloutPool | None = None
+        self.received: str | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            return
+        self.received = signal.Signals(signum).name
+        if self.pool is not None:
+            self.pool.interrupt(f"{self.received} received")
+        else:
+            raise Interrupted(signum)
+
+    def __enter__(self) -> "SignalStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.getsignal(sig)
+            self._install()
+        return self
+
+    def _install(self) -> None:
+        for sig in self._old:
+            signal.signal(sig, self._handle)
+
+    def attach(self, pool: "RolloutPool") -> None:
+        """Route signals to ``pool`` from now on. Installs the handlers again: ``ray.init``
+        replaces the SIGTERM handler with Ray's own, which aborts the process."""
+        self.pool = pool
+        self._install()
+
+    def __exit__(self, *exc) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
 
 
 @contextlib.contextmanager
@@ -79,19 +152,26 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
         RuntimeError: the local stack or an actor failed to start.
     """
     from rollout.env.tau2_env import Tau2Domain
+    from rollout.env.user import check_user_simulator
     from rollout.pool import RolloutPool
+    from rollout.preflight import PreflightError, run_preflight
 
     stack = None
     pool = None
     try:
+        for var, key in ((cfg.policy.api_key_env, "policy.api_key_env"), (cfg.env.user.api_key_env if cfg.env.user.kind == "llm" else None, "env.user.api_key_env")):
+            if var and not os.environ.get(var):  # before anything starts
+                raise PreflightError(f"{key} names the environment variable {var}, which is not set (or empty)")
         domain = Tau2Domain(cfg.env.domain, tau2_log_level=cfg.logging.tau2_level)
         task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
         if cfg.local.enabled:
             from rollout.local.stack import LocalStack
 
-            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name)
+            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name,
+                               api_key_env=cfg.policy.api_key_env)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)
+        run_preflight(cfg, check_user=check_user_simulator)
         pool = RolloutPool(cfg).start()
         logger.info("chat template probe (%s):\n%s", cfg.policy.tokenizer, pool.worker_infos()[0]["template_probe"])
         yield cfg, pool, task_ids
@@ -102,39 +182,70 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
             stack.stop()
 
 
-def run_job(cfg: Config, progress: bool = True) -> dict[str, Any]:
-    """Run the main job described by ``cfg``; returns the summary (also written to disk).
+def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run the main job described by ``cfg`` as a journaled run (:mod:`rollout.journal`); returns
+    the summary (also written to ``summary.json``, with ``status`` ``finished`` or
+    ``interrupted`` and the ``reason``).
+
+    Args:
+        resume: finish the run ``rollout.output_dir`` holds (only its undelivered episodes run).
+        overwrite: replace the run ``rollout.output_dir`` holds.
 
     Raises:
+        rollout.journal.JournalError: the output directory holds a run and neither flag was
+            given, or the config changed since (before anything starts).
         KeyError: ``env.task_ids`` names tasks the domain lacks.
         RuntimeError: the local stack or an actor failed to start.
     """
     from tqdm import tqdm
 
     from rollout.groups import Excluded
+    from rollout.journal import RunJournal
     from rollout.output import RunWriter
+    from rollout.pool import RunAborted
 
-    with open_pool(cfg) as (cfg, pool, task_ids):
-        writer = RunWriter(cfg.rollout.output_dir)  # the clock starts here
-        (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())
-        specs = pool.submit_tasks(task_ids)
-        bar = tqdm(total=len(specs), desc=f"{cfg.env.domain} episodes", unit="ep", disable=not progress, file=sys.stderr)
-        for item in pool.stream(excluded=True):
-            if isinstance(item, Excluded):
-                writer.add_excluded(item)
-                bar.update(1)
-                bar.set_postfix(excluded=item.reason)
-            else:
-                writer.add_group(item)
-                bar.update(len(item))
-            bar.total = pool.stats()["episodes_submitted"]  # re-runs of failed group members
-        bar.close()
-        st = pool.stats()
-        return writer.close({
-            "domain": cfg.env.domain, "task_split": cfg.env.task_split, "tasks": len(task_ids),
-            "n_samples_per_task": cfg.rollout.n_samples_per_task,
+    journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite)
+    writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
+    status, reason, undelivered = "interrupted", "the run stopped before it started", 0
+    pool = None
+    try:
+        with SignalStop() as signals, open_pool(cfg) as (rcfg, pool, task_ids):
+            (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())  # names of key variables only, never keys
+            pool.attach_journal(journal)
+            signals.attach(pool)
+            specs = pool.restore(journal) if journal.resumed else pool.submit_tasks(task_ids)
+            already = len(journal.delivered) if journal.resumed else 0
+            bar = tqdm(total=len(specs) + already, initial=already, desc=f"{cfg.env.domain} episodes", unit="ep",
+                       disable=not progress, file=sys.stderr)
+            try:
+                for item in pool.stream(excluded=True):
+                    if isinstance(item, Excluded):
+                        writer.add_excluded(item)
+                        bar.set_postfix(excluded=item.reason)
+                    else:
+                        writer.add_group(item)
+                    bar.n = len(journal.delivered)
+                    bar.total = max(bar.total, pool.stats()["episodes_submitted"] + already)  # re-runs of failed group members
+                    bar.refresh()
+                status, reason = "finished", None
+            except RunAborted as e:  # RunInterrupted (a signal), no healthy actor, the Ray head lost
+                reason, undelivered = str(e), len(e.undelivered)
+                logger.warning("run stopped: %s (journaled; --resume runs the rest)", reason)
+            finally:
+                signals.pool = None
+                bar.close()
+    except Interrupted as e:  # during start-up or shut-down
+        reason = f"{e} received"
+    finally:
+        journal.close(status, reason)
+        st = pool.stats() if pool is not None else {}
+        summary = writer.close({
+            "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
+            "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
+            "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
         })
+    return summary
 
 
 def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -155,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the rollout job")
     run.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="finish the run in rollout.output_dir: run only its undelivered episodes")
+    mode.add_argument("--overwrite", action="store_true", help="replace the run in rollout.output_dir")
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pool.num_actors=4")
     ev = sub.add_parser("eval", help="run every task n times; print pass^k, pass@k and mean reward, write eval.json")
     ev.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
@@ -177,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         print(cfg.to_yaml())
         return 0
 
+    from rollout.journal import JournalError
+    from rollout.preflight import PreflightError
     from rollout.worker import setup_logging
 
     setup_logging(cfg.logging)
@@ -186,17 +302,24 @@ def main(argv: list[str] | None = None) -> int:
 
             result = run_eval(cfg, progress=not args.no_progress)
         else:
-            summary = run_job(cfg, progress=not args.no_progress)
+            summary = run_job(cfg, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite)
     except KeyError as e:
         print(f"config error: {e.args[0]}", file=sys.stderr)
+        return 2
+    except (JournalError, PreflightError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if args.command == "eval":
         print(format_eval(result))
         print(f"eval: {Path(cfg.rollout.output_dir) / EVAL_FILE}")
         return 3 if result["infrastructure_failures"] else 0
     print(format_summary(summary))
-    out = Path(cfg.rollout.output_dir)
-    print(f"samples: {out / 'samples.jsonl'}  (kept out of training: {out / 'failed.jsonl'}, {out / 'filtered.jsonl'})")
+    files = summary["files"]
+    print(f"samples: {files['samples.jsonl']}  (kept out of training: {files['failed.jsonl']}, {files['filtered.jsonl']})")
+    if summary["status"] != "finished":
+        print(f"resume with: python -m rollout run --resume <the same arguments>  (rollout.output_dir={cfg.rollout.output_dir})")
+        reason = summary.get("reason") or ""
+        return 130 if "SIGINT" in reason else 143 if "SIGTERM" in reason else 4
     infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
     return 3 if infra else 0
 

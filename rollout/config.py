@@ -58,6 +58,14 @@ class PolicyConfig:
     max_context_tokens: int = 32768  # prompt + response; past it the episode is truncated
     request_timeout_s: float = 600.0  # one /generate call
     max_request_retries: int = 3  # retries of a /generate call on connection errors / 5xx
+    # Circuit breaker: when /generate fails for every episode at once (router or every worker
+    # down), calls wait with back-off for the backend to come back, up to this long, instead of
+    # spending their retries; past it they fail as policy_error.
+    backend_outage_timeout_s: float = 300.0
+    # Name of the environment variable holding the key sent as "Authorization: Bearer <key>" to
+    # the router and the workers (SGLang's --api-key / --admin-api-key); null: none. The local
+    # stack then requires it. Keys are read from the environment only, never written anywhere.
+    api_key_env: Optional[str] = None
     on_parse_error: str = "feedback"  # feedback: tell the model and go on; abort: end the episode
     enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
 
@@ -73,6 +81,12 @@ class UserConfig:
     temperature: float = 0.0
     max_tokens: int = 1024
     timeout_s: float = 120.0  # one user-simulator call
+    # Transient failures (429 honouring Retry-After, 5xx, connection errors, timeouts) are retried
+    # this many times with jittered exponential back-off from retry_backoff_s (capped at
+    # max_retry_wait_s); what still fails is user_error.
+    max_retries: int = 5
+    retry_backoff_s: float = 1.0
+    max_retry_wait_s: float = 30.0
 
 
 @dataclass
@@ -97,6 +111,9 @@ class PoolConfig:
     num_cpus_per_actor: float = 1.0
     max_episode_retries: int = 2  # re-runs of an episode whose actor died
     episode_timeout_s: float = 3600.0  # whole episode, including retries of requests
+    # With no healthy actor for this long the run ends with an error; the episodes not delivered
+    # are recorded as undelivered (``--resume`` runs them).
+    no_actor_timeout_s: float = 120.0
     ray_address: Optional[str] = None  # null: connect to a running cluster or start a local one
 
 
@@ -204,10 +221,17 @@ def validate(cfg: Config) -> Config:
         _check(bool(u.model), "env.user.model", "is required when env.user.kind=llm")
         _check(u.base_url is not None or cfg.local.enabled, "env.user.base_url", "is required when env.user.kind=llm and local.enabled=false")
     _check(u.timeout_s > 0, "env.user.timeout_s", "must be > 0")
+    _check(u.api_key_env is None or u.api_key_env.isidentifier(), "env.user.api_key_env",
+           f"must name an environment variable (the key itself never goes in the config), got {u.api_key_env!r}")
+    _check(u.max_retries >= 0, "env.user.max_retries", "must be >= 0")
+    _check(u.retry_backoff_s >= 0, "env.user.retry_backoff_s", "must be >= 0")
+    _check(u.max_retry_wait_s >= u.retry_backoff_s, "env.user.max_retry_wait_s", "must be >= env.user.retry_backoff_s")
     _check(cfg.pool.num_actors >= 1, "pool.num_actors", "must be >= 1")
     _check(cfg.pool.max_concurrent_episodes >= 1, "pool.max_concurrent_episodes", "must be >= 1")
     _check(cfg.pool.num_cpus_per_actor >= 0, "pool.num_cpus_per_actor", "must be >= 0")
     _check(cfg.pool.max_episode_retries >= 0, "pool.max_episode_retries", "must be >= 0")
+    _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
+    _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:
@@ -215,6 +239,10 @@ def validate(cfg: Config) -> Config:
     _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+    _check(p.max_request_retries >= 0, "policy.max_request_retries", "must be >= 0")
+    _check(p.backend_outage_timeout_s >= 0, "policy.backend_outage_timeout_s", "must be >= 0")
+    _check(p.api_key_env is None or p.api_key_env.isidentifier(), "policy.api_key_env",
+           f"must name an environment variable (the key itself never goes in the config), got {p.api_key_env!r}")
     s = p.sampling
     _check(s.temperature >= 0, "policy.sampling.temperature", "must be >= 0")
     _check(0 < s.top_p <= 1, "policy.sampling.top_p", "must be in (0, 1]")

@@ -68,6 +68,28 @@ class EpisodeSettings:
     stop: tuple[str, ...] = ()
 
 
+def request_id(spec: EpisodeSpec, request: int) -> str:
+    """The ``rid`` of an episode's ``request``-th ``/generate`` call: ``{episode_id}@{attempt}#{request}``.
+    A re-run attempt of the episode (its actor died) gets fresh ids; the client appends
+    ``.r{n}`` to a call it retries."""
+    return f"{spec.episode_id}@{spec.attempt}#{request}"
+
+
+def parse_request_id(rid: str) -> tuple[str, int, int]:
+    """``(episode_id, attempt, request)`` of a ``rid`` made by :func:`request_id` (a ``.r{n}``
+    retry suffix is ignored).
+
+    Raises:
+        ValueError: ``rid`` is not of that form.
+    """
+    try:
+        head, request = rid.rsplit("#", 1)
+        eid, attempt = head.rsplit("@", 1)
+        return eid, int(attempt), int(request.split(".", 1)[0])
+    except ValueError:
+        raise ValueError(f"not an episode request id: {rid!r}") from None
+
+
 def _request_seed(spec: EpisodeSpec, request: int) -> int:
     """``sampling_seed`` of an episode's ``request``-th ``/generate`` call (a continued turn's
     second call gets a fresh seed, so it does not replay the random stream of the first)."""
@@ -106,7 +128,7 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             return turn
         n = meta["requests"]
         try:
-            gen = await policy.generate(traj.tokens, max_new_tokens=budget, rid=f"{spec.episode_id}#{n}", routing_key=spec.episode_id, seed=_request_seed(spec, n))
+            gen = await policy.generate(traj.tokens, max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
         except PolicyServerError as e:
             turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
             return turn
@@ -290,7 +312,7 @@ async def run_episode(
         messages.append(nxt)
         if not _append_delta(traj, await asyncio.to_thread(chat.delta_ids, [nxt]), settings):
             return finish(EpisodeStatus.TRUNCATED, "context")
-    return finish(EpisodeStatus.TRUNCATED, "max_steps")
+    return finish(EpisodeStatus.MAX_STEPS, "max_steps")
 
 
 def _append_delta(traj: Trajectory, delta: list[int], settings: EpisodeSettings) -> bool:

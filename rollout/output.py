@@ -11,32 +11,46 @@ they are written from :meth:`rollout.pool.RolloutPool.stream`:
   ``rollout.max_staleness``, groups with equal rewards (``rollout.filter_groups``), groups dropped
   because a member failed; ``metadata.excluded_reason`` says which.
 
-Every episode is on exactly one line of one file. Lines are flushed as results arrive.
+Every episode is on exactly one line of one file. Lines are flushed as results arrive. A resumed
+run (:mod:`rollout.journal`) appends to the same files and skips what they already hold.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from rollout.groups import Excluded
-from rollout.records import INFRA_STATUSES, TrainingSample
+from rollout.records import DEFAULT_TRAIN_STATUSES, TrainingSample
 
-_FAILURE_STATUSES = {s.value for s in INFRA_STATUSES}
+
+def error_kind(status: str, error: str | None) -> str:
+    """A short key that groups repeated errors: the status and the error's first line with
+    numbers, ids and addresses blanked (``policy_error: /generate failed after N attempts: ...``)."""
+    text = (error or "").strip().splitlines()[0] if error else ""
+    text = re.sub(r"\b(0x[0-9a-f]+|[0-9a-f]{16,}|\d+(\.\d+)?)\b", "N", text)[:120]
+    return f"{status}: {text}" if text else status
 
 
 class RunStats:
     """Running totals for the summary (counts, rewards, tokens, timings).
 
-    Mean rewards are over episodes with a policy outcome (an infrastructure failure has no
-    reward; it is counted in ``status_counts``, never averaged in as 0).
+    Mean rewards are over trainable episodes only (status in ``train_statuses``): an
+    infrastructure failure has no reward; it is counted in ``status_counts`` and ``errors``, never
+    averaged in as 0.
+
+    Args:
+        train_statuses: ``rollout.train_statuses``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, train_statuses: tuple[str, ...] | list[str] = DEFAULT_TRAIN_STATUSES) -> None:
         self.t0 = time.monotonic()
+        self.train_statuses = frozenset(train_statuses)
+        self.errors: collections.Counter[str] = collections.Counter()
         self.status_counts: collections.Counter[str] = collections.Counter()
         self.excluded_counts: collections.Counter[str] = collections.Counter()
         self.reward_sum: collections.Counter[str] = collections.Counter()
@@ -57,9 +71,11 @@ class RunStats:
             self.trained += 1
         else:
             self.excluded_counts[excluded_reason] += 1
-        if s.status not in _FAILURE_STATUSES and s.status != "cancelled":
+        if s.status in self.train_statuses:
             self.reward_sum[m.get("domain", "?")] += s.reward
             self.reward_n[m.get("domain", "?")] += 1
+        if m.get("error"):
+            self.errors[error_kind(s.status, m.get("error"))] += 1
         self.turns += int(m.get("turns", 0) or 0)
         self.tokens += len(s.tokens)
         self.generated_tokens += int(sum(s.loss_mask))
@@ -80,6 +96,7 @@ class RunStats:
             "generated_tokens": self.generated_tokens,
             "turn_boundary_repairs": self.repairs,
             "parse_errors": self.parse_errors,
+            "errors": [{"kind": k, "count": n} for k, n in self.errors.most_common()],
             "wall_s": wall,
             "episodes_per_s": self.episodes / wall,
             "generated_tokens_per_s": self.generated_tokens / wall,
@@ -90,46 +107,82 @@ class RunWriter:
     """Streams the results of one run into ``output_dir`` (see the module docstring).
 
     Args:
-        output_dir: created if missing; existing result files are replaced.
+        output_dir: created if missing.
+        train_statuses: ``rollout.train_statuses`` (what the mean reward is over).
+        resume: append to the files an earlier session of the same run wrote, skip the episodes
+            they hold, and count them in the summary; otherwise the files are started afresh.
     """
 
     FILES = ("samples.jsonl", "failed.jsonl", "filtered.jsonl")
 
-    def __init__(self, output_dir: str | Path):
+    def __init__(self, output_dir: str | Path, train_statuses: tuple[str, ...] | list[str] = DEFAULT_TRAIN_STATUSES, resume: bool = False):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._files = {name: open(self.dir / name, "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
-        self.stats = RunStats()
+        self.stats = RunStats(train_statuses)
+        self.written: set[str] = set()
+        self.skipped = 0
+        if resume:
+            for name in self.FILES:
+                path = self.dir / name
+                if path.is_file():
+                    for s in read_samples(path, tolerate_torn_tail=True):
+                        if s.episode_id not in self.written:
+                            self.written.add(s.episode_id)
+                            self.stats.add(s, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
+        self._files = {name: open(self.dir / name, "a" if resume else "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
 
-    def _write(self, name: str, s: TrainingSample) -> None:
+    def _write(self, name: str, s: TrainingSample, reason: str | None) -> None:
+        if s.episode_id in self.written:  # written by an earlier session of a resumed run
+            self.skipped += 1
+            return
         f = self._files[name]
         f.write(json.dumps(s.to_dict()) + "\n")
         f.flush()
+        self.written.add(s.episode_id)
+        self.stats.add(s, reason)
 
     def add_group(self, group: list[TrainingSample]) -> None:
         """Write a kept group's samples to ``samples.jsonl``."""
         for s in group:
-            self._write("samples.jsonl", s)
-            self.stats.add(s)
+            self._write("samples.jsonl", s, None)
 
     def add_excluded(self, ex: Excluded) -> None:
         """Write an excluded sample to ``failed.jsonl`` (its status is not trainable) or
         ``filtered.jsonl`` (held back for another reason)."""
-        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", ex.sample)
-        self.stats.add(ex.sample, ex.reason)
+        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", ex.sample, ex.reason)
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Close the files and write ``summary.json``; returns the summary."""
+        """Close the files and write ``summary.json``; returns the summary (``extra`` keys
+        override the computed ones, e.g. the journal's true ``wall_s``)."""
         for f in self._files.values():
             f.close()
         summary = self.stats.summary()
+        summary["files"] = {name: str(self.dir / name) for name in self.FILES}
         if extra:
             summary.update(extra)
+            if "wall_s" in extra:
+                summary["episodes_per_s"] = summary["episodes"] / max(extra["wall_s"], 1e-9)
+                summary["generated_tokens_per_s"] = summary["generated_tokens"] / max(extra["wall_s"], 1e-9)
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
 
-def read_samples(path: str | Path) -> list[TrainingSample]:
-    """Load a ``samples.jsonl`` (or ``failed.jsonl`` / ``filtered.jsonl``) file."""
-    with open(path) as f:
-        return [TrainingSample.from_dict(json.loads(line)) for line in f if line.strip()]
+def read_samples(path: str | Path, tolerate_torn_tail: bool = False) -> list[TrainingSample]:
+    """Load a ``samples.jsonl`` (or ``failed.jsonl`` / ``filtered.jsonl``) file.
+
+    Args:
+        tolerate_torn_tail: ignore a last line cut short (a writer killed mid-line).
+
+    Raises:
+        json.JSONDecodeError: a malformed line (the last one too, unless ``tolerate_torn_tail``).
+    """
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(lines):
+        try:
+            out.append(TrainingSample.from_dict(json.loads(line)))
+        except json.JSONDecodeError:
+            if tolerate_torn_tail and n == len(lines) - 1:
+                continue
+            raise
+    return out

@@ -39,6 +39,8 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -49,7 +51,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rollout.config import Config
 from rollout.groups import Excluded, GroupAssembler, Rerun, TrainingPolicy, rerun_episode_id
-from rollout.policy import RouterAdmin
+from rollout.policy import RouterAdmin, api_key_from_env
 from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
 from rollout.worker import RolloutWorker
 
@@ -58,6 +60,66 @@ logger = logging.getLogger(__name__)
 RemoteRolloutWorker = ray.remote(RolloutWorker)
 
 PAUSE_MODES = ("abort", "in_place", "retract")
+# The Ray head (GCS) unreachable this long ends the run (Ray itself kills a driver whose GCS is
+# gone for 60 s, gcs_rpc_server_reconnect_timeout_s, before it could write anything).
+HEAD_LOST_AFTER_S = 10.0
+# A task still out this long past pool.episode_timeout_s is treated as lost with its actor
+# (the actor enforces the timeout itself; this covers an actor that stopped answering).
+OVERDUE_GRACE_S = 120.0
+
+
+def _ray_address(configured: str | None) -> str | None:
+    """``pool.ray_address``, or, when it is null and ``RAY_ADDRESS`` is unset: ``None`` (Ray
+    connects to the cluster ``ray start`` last recorded on this machine) when that cluster
+    answers, else ``"local"``: a new local cluster (``ray.init()`` would wait for ever on a dead
+    recorded one)."""
+    if configured is not None or os.environ.get("RAY_ADDRESS"):
+        return configured
+    try:
+        from ray._private.utils import read_ray_address
+
+        recorded = read_ray_address()
+    except Exception:  # a Ray without it: leave the choice to Ray
+        return None
+    if recorded and _gcs_reachable(recorded):
+        return None
+    if recorded:
+        logger.warning("the Ray cluster recorded on this machine (%s) does not answer; starting a local one", recorded)
+    return "local"
+
+
+class RunAborted(RuntimeError):
+    """The pool cannot go on; ``undelivered`` holds every episode submitted and not delivered
+    (the pool forgets them: re-submit them, or ``rollout run --resume`` runs them)."""
+
+    def __init__(self, message: str, undelivered: list[EpisodeSpec]):
+        super().__init__(message)
+        self.undelivered = list(undelivered)
+
+
+class RunInterrupted(RunAborted):
+    """:meth:`RolloutPool.interrupt` was called (e.g. from a SIGINT / SIGTERM handler); the
+    in-flight episodes were cancelled on the actors and are not delivered."""
+
+
+class NoHealthyActorError(RunAborted):
+    """No rollout actor was healthy for ``pool.no_actor_timeout_s`` seconds."""
+
+
+class RayHeadLostError(RunAborted):
+    """The Ray head (GCS) stopped answering for :data:`HEAD_LOST_AFTER_S` seconds."""
+
+
+def _gcs_reachable(address: str | None, timeout_s: float = 1.0) -> bool:
+    """True when a TCP connection to the GCS ``host:port`` opens (``None``: unknown, True)."""
+    if not address or ":" not in address:
+        return True
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def episode_seed(seed: int, group_id: str, sample_index: int) -> int:
@@ -103,13 +165,13 @@ class _AdminLoop:
     """A private event loop in a thread, for the pool's HTTP calls to the workers (the pool's own
     API is synchronous, and a trainer may call it from inside an event loop of its own)."""
 
-    def __init__(self, router_url: str, timeout_s: float):
+    def __init__(self, router_url: str, timeout_s: float, api_key: str | None = None):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-pool-admin", daemon=True)
         self._thread.start()
 
         async def make() -> RouterAdmin:
-            return RouterAdmin(router_url, aiohttp.ClientSession(), timeout_s=timeout_s)
+            return RouterAdmin(router_url, aiohttp.ClientSession(), timeout_s=timeout_s, api_key=api_key)
 
         self.admin = self.run(make)
 
@@ -144,7 +206,7 @@ class RolloutPool:
         r = cfg.rollout
         self.actors: list = []
         self._pending: collections.deque[EpisodeSpec] = collections.deque()
-        self._inflight: dict[ray.ObjectRef, tuple[EpisodeSpec, int]] = {}
+        self._inflight: dict[ray.ObjectRef, tuple[EpisodeSpec, int, float]] = {}  # ref -> (spec, actor, dispatched at)
         self._load: list[int] = []
         # Actors whose last task failed: index -> (health-ping ref or None, time of next ping).
         self._down: dict[int, tuple[ray.ObjectRef | None, float]] = {}
@@ -159,6 +221,14 @@ class RolloutPool:
         self._admin_loop: _AdminLoop | None = None
         self._started = False
         self._batch_counter = itertools.count()
+        self._late: collections.deque[InteractionResult] = collections.deque()
+        self._journal = None
+        self._restored: set[str] = set()
+        self._no_actor_since: float | None = None
+        self._head_unreachable_since: float | None = None
+        self._head_checked_at = 0.0
+        self._gcs_address: str | None = None
+        self._interrupt_reason: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "RolloutPool":
@@ -171,7 +241,17 @@ class RolloutPool:
         if self._started:
             return self
         if not ray.is_initialized():
-            ray.init(address=self.cfg.pool.ray_address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True)
+            address = _ray_address(self.cfg.pool.ray_address)
+            # Ray >= 2.5x turns token auth on for a new local cluster and warns that it did at
+            # every start; the local cluster is ours and the behaviour is the one we want.
+            quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
+            level = quiet.level
+            if address == "local" and "RAY_AUTH_MODE" not in os.environ:
+                quiet.setLevel(logging.ERROR)
+            try:
+                ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True)
+            finally:
+                quiet.setLevel(level)
         p = self.cfg.pool
         opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0)
         self.actors = [
@@ -182,6 +262,10 @@ class RolloutPool:
         ]
         self._load = [0] * len(self.actors)
         try:
+            self._gcs_address = ray.get_runtime_context().gcs_address
+        except Exception:  # older Ray: no head-loss detection
+            self._gcs_address = None
+        try:
             infos = ray.get([a.info.remote() for a in self.actors])
         except RayActorError as e:
             raise RuntimeError(f"a rollout actor failed to start: {e}") from None
@@ -189,14 +273,27 @@ class RolloutPool:
         self._started = True
         return self
 
-    def shutdown(self) -> None:
-        """Stop the actors (in-flight episodes are dropped); leaves Ray itself running."""
-        for a in self.actors:
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the actors within about ``timeout_s`` seconds: each cancels its running episodes
+        (aborting their requests on the workers) and closes; then the actors are killed.
+        Undelivered episodes are forgotten (see :meth:`abort_outstanding` to get them). Leaves
+        Ray itself running."""
+        if self.actors and _gcs_reachable(self._gcs_address):
+            refs = []
+            for a in self.actors:
+                try:
+                    refs.append(a.close.remote())
+                except Exception:  # the actor may already be gone
+                    pass
             try:
-                ray.get(a.close.remote(), timeout=10)
-            except Exception:  # the actor may already be gone
-                pass
-            ray.kill(a, no_restart=True)
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except Exception as e:
+                logger.debug("closing actors: %r", e)
+            for a in self.actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception as e:
+                    logger.debug("ray.kill: %r", e)
         self.actors = []
         self._inflight.clear()
         self._pending.clear()
@@ -227,6 +324,8 @@ class RolloutPool:
         sizes = collections.Counter(s.group_id for s in specs)
         for gid, n in sizes.items():
             self._assembler.expect(gid, n)  # raises on a group submitted before
+        if self._journal is not None:
+            self._journal.record_specs(specs)
         for s in specs:
             self._member_spec[(s.group_id, s.sample_index)] = s
             self._enqueue(s)
@@ -277,7 +376,7 @@ class RolloutPool:
                 return
             spec = self._pending.popleft()
             ref = self.actors[i].run.remote(spec, self.cfg.pool.episode_timeout_s)
-            self._inflight[ref] = (spec, i)
+            self._inflight[ref] = (spec, i, time.monotonic())
             self._load[i] += 1
 
     @property
@@ -288,7 +387,7 @@ class RolloutPool:
     @property
     def num_outstanding(self) -> int:
         """Episodes submitted but not yet delivered."""
-        return len(self._pending) + len(self._inflight)
+        return len(self._pending) + len(self._inflight) + len(self._late)
 
     # -- the raw result stream ---------------------------------------------------------------
     def _next_result(self, timeout_s: float | None = None) -> InteractionResult | None:
@@ -296,23 +395,41 @@ class RolloutPool:
 
         Raises:
             TimeoutError: no result arrived within ``timeout_s``.
+            NoHealthyActorError: no actor was healthy for ``pool.no_actor_timeout_s``.
+            RayHeadLostError: the Ray head stopped answering.
         """
         t0 = time.monotonic()
-        while self._pending or self._inflight:
+        while self._pending or self._inflight or self._late:
+            if self._late:
+                result = self._late.popleft()
+                if result.spec.episode_id in self._delivered:
+                    continue
+                self._deliver(result)
+                return result
+            self._check_interrupt()
             self._dispatch()
+            self._check_health()
             self._ping_down_actors()
             pings = {ref: i for i, (ref, _) in self._down.items() if ref is not None}
             waitables = list(self._inflight) + list(pings)
             ready = []
             if waitables:
-                ready, _ = ray.wait(waitables, num_returns=1, timeout=1.0 if self._down else timeout_s)
+                wait_s = 1.0 if (self._down or timeout_s is None) else min(timeout_s, 1.0)
+                try:
+                    ready, _ = ray.wait(waitables, num_returns=1, timeout=wait_s)
+                except Exception as e:  # Ray itself failing (e.g. the head going away)
+                    logger.warning("ray.wait failed: %r", e)
+                    time.sleep(0.5)
+                    continue
             else:
                 time.sleep(0.2)  # every actor is down and waiting for its next health ping
             for ref in ready:
                 if ref in pings:
                     self._health_answer(pings[ref], ref)
                     continue
-                spec, i = self._inflight.pop(ref)
+                if ref not in self._inflight:
+                    continue
+                spec, i, _ = self._inflight.pop(ref)
                 self._load[i] -= 1
                 result = self._collect(ref, spec, i)
                 if result is None:
@@ -320,12 +437,77 @@ class RolloutPool:
                 if spec.episode_id in self._delivered:
                     logger.warning("episode %s: dropping a duplicate result", spec.episode_id)
                     continue
-                self._delivered.add(spec.episode_id)
-                self._count_result(result)
+                self._deliver(result)
                 return result
+            self._reclaim_overdue()
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"no episode finished within {timeout_s}s ({len(self._inflight)} in flight)")
         return None
+
+    def interrupt(self, reason: str) -> None:
+        """Ask the pool to stop: the stream call in progress (or the next one) cancels every
+        undelivered episode on the actors (their requests are aborted on the workers) and raises
+        :class:`RunInterrupted` with them, within about a second. Safe to call from a signal
+        handler or another thread: it only sets a flag."""
+        self._interrupt_reason = reason
+
+    def _check_interrupt(self) -> None:
+        if self._interrupt_reason is not None:
+            reason, self._interrupt_reason = self._interrupt_reason, None
+            undelivered = self.abort_outstanding()
+            raise RunInterrupted(f"{reason}: {len(undelivered)} episode(s) not delivered", undelivered)
+
+    def _deliver(self, result: InteractionResult) -> None:
+        self._delivered.add(result.spec.episode_id)
+        self._count_result(result)
+        if self._journal is not None:
+            self._journal.record(result.to_sample())
+
+    def _check_health(self) -> None:
+        """End the run (raising :class:`RunAborted`) when no actor has been healthy for
+        ``pool.no_actor_timeout_s`` or the Ray head has been unreachable for
+        :data:`HEAD_LOST_AFTER_S`; the undelivered episodes go with the error."""
+        now = time.monotonic()
+        if self.actors and len(self._down) >= len(self.actors):
+            self._no_actor_since = self._no_actor_since or now
+            if now - self._no_actor_since > self.cfg.pool.no_actor_timeout_s:
+                undelivered = self.abort_outstanding(cancel_on_actors=False)
+                raise NoHealthyActorError(
+                    f"no rollout actor was healthy for {self.cfg.pool.no_actor_timeout_s:.0f}s (pool.no_actor_timeout_s); "
+                    f"{len(undelivered)} episode(s) not delivered", undelivered)
+        else:
+            self._no_actor_since = None
+        if now - self._head_checked_at < (1.0 if self._down or self._head_unreachable_since else 5.0):
+            return
+        self._head_checked_at = now
+        if _gcs_reachable(self._gcs_address):
+            self._head_unreachable_since = None
+            return
+        self._head_unreachable_since = self._head_unreachable_since or now
+        logger.warning("the Ray head (GCS %s) does not answer", self._gcs_address)
+        if now - self._head_unreachable_since > HEAD_LOST_AFTER_S:
+            undelivered = self.abort_outstanding(cancel_on_actors=False)
+            self.actors = []
+            raise RayHeadLostError(
+                f"the Ray head (GCS {self._gcs_address}) stopped answering for {HEAD_LOST_AFTER_S:.0f}s; "
+                f"{len(undelivered)} episode(s) not delivered", undelivered)
+
+    def _reclaim_overdue(self) -> None:
+        """An episode task out longer than ``pool.episode_timeout_s`` + :data:`OVERDUE_GRACE_S`
+        is lost with its actor (the actor would have ended it itself): retried or typed."""
+        limit = self.cfg.pool.episode_timeout_s + OVERDUE_GRACE_S
+        now = time.monotonic()
+        for ref, (spec, i, t) in list(self._inflight.items()):
+            if now - t > limit:
+                del self._inflight[ref]
+                self._load[i] -= 1
+                try:
+                    ray.cancel(ref, force=False)
+                except Exception as e:
+                    logger.debug("ray.cancel: %r", e)
+                result = self._fail_attempt(spec, i, f"no answer from actor {i} {limit:.0f}s after dispatch")
+                if result is not None:
+                    self._late.append(result)  # delivered by the next _next_result
 
     def _count_result(self, r: InteractionResult) -> None:
         c = self._counts
@@ -362,8 +544,8 @@ class RolloutPool:
 
     def _health_answer(self, i: int, ref) -> None:
         try:
-            ray.get(ref)
-        except (RayActorError, RayTaskError):
+            ray.get(ref, timeout=30)
+        except Exception:  # any Ray error: not back yet
             self._down[i] = (None, time.monotonic() + 1.0)  # still restarting: ask again in 1 s
             return
         logger.info("actor %d is back", i)
@@ -372,21 +554,33 @@ class RolloutPool:
             self._set_gates(False, [i])
 
     def _collect(self, ref, spec: EpisodeSpec, actor_index: int) -> InteractionResult | None:
+        """The result of a finished ``run`` task, or ``None`` when its attempt failed and was
+        re-queued. Every Ray error is handled (the actor died or restarted, the object was lost,
+        its owner died, the task was cancelled, a serialisation failure, ...)."""
         try:
-            return ray.get(ref)
-        except (RayActorError, GetTimeoutError) as e:
-            err = f"actor died: {e.__class__.__name__}"
+            return ray.get(ref, timeout=60)
+        except RayActorError as e:
+            err = f"actor lost: {e.__class__.__name__}"
         except RayTaskError as e:  # RolloutWorker.run never raises; this is a serialisation or Ray failure
             err = f"actor task failed: {str(e)[:300]}"
+        except Exception as e:  # ObjectLostError, OwnerDiedError, TaskCancelledError, GetTimeoutError, ...
+            err = f"{e.__class__.__name__}: {str(e)[:300]}"
+        return self._fail_attempt(spec, actor_index, err)
+
+    def _fail_attempt(self, spec: EpisodeSpec, actor_index: int, err: str) -> InteractionResult | None:
+        """Re-queue a failed attempt (a new ``attempt`` number gives its requests fresh ids; the
+        dead attempt's requests were aborted by the servers when its connections closed), or
+        type it ``actor_lost`` when the retries are spent."""
         if actor_index not in self._down:
             self._down[actor_index] = (None, time.monotonic())  # dispatch nothing to it until it answers a ping
         if spec.attempt < self.cfg.pool.max_episode_retries:
             retry = dataclasses.replace(spec, attempt=spec.attempt + 1)
             logger.warning("episode %s: %s; retrying (attempt %d)", spec.episode_id, err, retry.attempt)
+            self._counts["episode_retries"] += 1
             self._pending.appendleft(retry)
             return None
         logger.error("episode %s: %s; out of retries", spec.episode_id, err)
-        return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "actor_died", "error": err})
+        return InteractionResult(spec, EpisodeStatus.ACTOR_LOST, 0.0, None, metadata={"termination_reason": "actor_lost", "error": err})
 
     # -- the training streams ----------------------------------------------------------------
     def _pump(self, timeout_s: float | None) -> bool:
@@ -559,7 +753,7 @@ class RolloutPool:
             self._count_result(r)
             self._assembler.add(r.to_sample(), self._weight_version)
         by_actor: dict[int, list[str]] = collections.defaultdict(list)
-        for spec, i in self._inflight.values():
+        for spec, i, _ in self._inflight.values():
             by_actor[i].append(spec.episode_id)
         for i, ids in by_actor.items():
             try:
@@ -570,6 +764,82 @@ class RolloutPool:
             pass
         self._counts["episodes_cancelled_outstanding"] += n
         return n
+
+    def abort_outstanding(self, cancel_on_actors: bool = True, timeout_s: float = 5.0) -> list[EpisodeSpec]:
+        """Stop every episode not delivered yet *without delivering it* (an interrupted run:
+        SIGINT, SIGTERM, a lost Ray head): the actors cancel them and abort their requests on the
+        workers (within ``timeout_s``), nothing is journaled, open groups stay open. Returns the
+        undelivered specs (first attempts), for a later ``--resume`` or re-submission."""
+        specs = [s for s in self._pending] + [s for s, _, _ in self._inflight.values()] + [r.spec for r in self._late]
+        if cancel_on_actors and self._inflight and self.actors:
+            by_actor: dict[int, list[str]] = collections.defaultdict(list)
+            for spec, i, _ in self._inflight.values():
+                by_actor[i].append(spec.episode_id)
+            refs = []
+            for i, ids in by_actor.items():
+                try:
+                    refs.append(self.actors[i].cancel.remote(ids))
+                except Exception as e:
+                    logger.debug("cancel on actor %d: %r", i, e)
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except Exception as e:
+                logger.debug("cancel: %r", e)
+        self._pending.clear()
+        self._inflight.clear()
+        self._late.clear()
+        self._load = [0] * len(self.actors)
+        undelivered = [dataclasses.replace(s, attempt=0) for s in specs if s.episode_id not in self._delivered]
+        self._counts["episodes_undelivered"] += len(undelivered)
+        return undelivered
+
+    # -- the run journal ---------------------------------------------------------------------
+    def attach_journal(self, journal) -> None:
+        """Record into ``journal`` (a :class:`rollout.journal.RunJournal`) every spec submitted
+        and every episode delivered, as it happens, on every stream."""
+        self._journal = journal
+
+    def restore(self, journal) -> list[EpisodeSpec]:
+        """Resume a journaled run: the delivered samples go into the training streams again (in
+        their delivery order, so groups, re-runs and filters come out as they would have), and
+        every journaled spec not delivered is submitted. Call before any other submission.
+
+        Returns:
+            The specs submitted (the episodes that were in flight or queued when the run stopped,
+            and re-runs of failed group members that had not been delivered).
+
+        Raises:
+            RuntimeError: the pool already submitted episodes.
+        """
+        if self._submitted:
+            raise RuntimeError("restore() must come before any submission")
+        specs = journal.specs
+        delivered = journal.delivered  # episode id -> sample, in delivery order
+        sizes = collections.Counter(s.group_id for s in specs)
+        for gid, n in sizes.items():
+            self._assembler.expect(gid, n)
+        for s in specs:
+            self._member_spec[(s.group_id, s.sample_index)] = s
+            self._submitted.add(s.episode_id)
+        rerun_specs: dict[str, EpisodeSpec] = {}
+        for sample in delivered.values():
+            self._delivered.add(sample.episode_id)
+            self._submitted.add(sample.episode_id)
+            self._restored.add(sample.episode_id)
+            self._counts["episodes_restored"] += 1
+            for rr in self._assembler.add(sample, self._weight_version):
+                base = self._member_spec[(rr.group_id, rr.sample_index)]
+                spec = dataclasses.replace(base, episode_id=rerun_episode_id(base.episode_id, rr.number), attempt=0, weight_version=self._weight_version)
+                self._assembler.expect_rerun(rr)
+                self._submitted.add(spec.episode_id)
+                rerun_specs[spec.episode_id] = spec
+        todo = [s for s in specs if s.episode_id not in delivered] + [s for i, s in rerun_specs.items() if i not in delivered]
+        for s in todo:
+            self._counts["episodes_submitted"] += 1
+            self._pending.append(s)
+        self._dispatch()
+        logger.info("resumed from %s: %d episode(s) delivered before, %d to run", journal.dir, len(delivered), len(todo))
+        return todo
 
     # -- the weight-update cycle -------------------------------------------------------------
     @property
@@ -588,7 +858,8 @@ class RolloutPool:
 
     def _admin(self) -> _AdminLoop:
         if self._admin_loop is None:
-            self._admin_loop = _AdminLoop(self.cfg.policy.router_url, timeout_s=self.cfg.policy.request_timeout_s)
+            self._admin_loop = _AdminLoop(self.cfg.policy.router_url, timeout_s=self.cfg.policy.request_timeout_s,
+                                          api_key=api_key_from_env(self.cfg.policy.api_key_env))
         return self._admin_loop
 
     def _set_gates(self, open_: bool, indices: list[int] | None = None) -> None:

@@ -17,32 +17,39 @@ import numpy as np
 
 
 class EpisodeStatus(str, enum.Enum):
-    """How an episode ended.
+    """How an episode ended; one meaning per status.
 
-    Policy outcomes (the policy's own doing, trainable): ``COMPLETED``, ``TRUNCATED`` (max steps
-    or context window), ``PARSE_ERROR`` (unparseable tool call with ``on_parse_error=abort``),
-    ``TOOL_TIMEOUT`` (a tool call the model wrote ran past the step timeout and was killed).
+    Policy outcomes (the policy's own doing, trainable by default): ``COMPLETED``, ``MAX_STEPS``
+    (the agent used ``env.max_steps`` turns without ending the conversation), ``TRUNCATED`` (the
+    context window ``policy.max_context_tokens`` is full: slime's ``TRUNCATED``), ``PARSE_ERROR``
+    (unparseable tool call with ``on_parse_error=abort``), ``TOOL_TIMEOUT`` (a tool call the model
+    wrote ran past the step timeout and was killed).
 
     Infrastructure outcomes (never trained as reward 0 by default, DESIGN.md invariant 4):
-    ``ABORTED`` (the server aborted generation, or a weight update interrupted a turn with
-    ``rollout.partial_rollout=drop``), ``POLICY_ERROR`` (router / policy server failed),
-    ``ENV_ERROR`` (environment code raised), ``USER_ERROR`` (user simulator failed),
-    ``EVAL_ERROR`` (the reward evaluator raised).
+    ``ABORTED`` (a policy server answered ``finish_reason.type == "abort"``, or a weight update
+    interrupted a turn with ``rollout.partial_rollout=drop``), ``TIMEOUT`` (the episode ran past
+    ``pool.episode_timeout_s``), ``POLICY_ERROR`` (router / policy server failed, or answered
+    malformed data), ``ENV_ERROR`` (environment code raised), ``USER_ERROR`` (the user simulator
+    failed, set-up included), ``EVAL_ERROR`` (the reward evaluator raised), ``ACTOR_LOST`` (the
+    Ray actor running it died ``pool.max_episode_retries + 1`` times).
 
     ``CANCELLED``: the driver cancelled the episode because it was no longer needed (the surplus
-    of dynamic sampling, :meth:`rollout.pool.RolloutPool.cancel_outstanding`). Neither a policy
-    outcome nor a failure; never trained by default.
+    of dynamic sampling, :meth:`rollout.pool.RolloutPool.cancel_outstanding`) or the run was
+    interrupted. Neither a policy outcome nor a failure; never trained by default.
     """
 
     COMPLETED = "completed"
+    MAX_STEPS = "max_steps"
     TRUNCATED = "truncated"
     PARSE_ERROR = "parse_error"
     TOOL_TIMEOUT = "tool_timeout"
     ABORTED = "aborted"
+    TIMEOUT = "timeout"
     POLICY_ERROR = "policy_error"
     ENV_ERROR = "env_error"
     USER_ERROR = "user_error"
     EVAL_ERROR = "eval_error"
+    ACTOR_LOST = "actor_lost"
     CANCELLED = "cancelled"
 
     @property
@@ -54,15 +61,17 @@ class EpisodeStatus(str, enum.Enum):
 INFRA_STATUSES = frozenset(
     {
         EpisodeStatus.ABORTED,
+        EpisodeStatus.TIMEOUT,
         EpisodeStatus.POLICY_ERROR,
         EpisodeStatus.ENV_ERROR,
         EpisodeStatus.USER_ERROR,
         EpisodeStatus.EVAL_ERROR,
+        EpisodeStatus.ACTOR_LOST,
     }
 )
 
 # The policy outcomes: what ``rollout.train_statuses`` holds by default.
-DEFAULT_TRAIN_STATUSES = ("completed", "truncated", "parse_error", "tool_timeout")
+DEFAULT_TRAIN_STATUSES = ("completed", "max_steps", "truncated", "parse_error", "tool_timeout")
 
 
 @dataclass(frozen=True)
@@ -275,6 +284,11 @@ class TrainingSample:
     metadata: dict[str, Any] = field(default_factory=dict)
     weight_versions: list[str | None] = field(default_factory=list)
     generation_spans: list[list[int]] = field(default_factory=list)
+
+    @property
+    def episode_id(self) -> str:
+        """The episode's id (``metadata["episode_id"]``)."""
+        return str(self.metadata.get("episode_id", ""))
 
     @property
     def prompt_length(self) -> int:

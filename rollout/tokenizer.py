@@ -55,6 +55,9 @@ def load_tokenizer(name: str):
     Raises:
         ValueError: the tokenizer has no chat template (delta tokenization needs one).
     """
+    # transformers warns "PyTorch was not found" at import when torch is absent (the core install:
+    # tokenizers only, torch is an extra); that is expected here, not advice for our users.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(resolve_tokenizer_path(name))

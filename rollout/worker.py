@@ -18,9 +18,9 @@ import aiohttp
 from rollout.chat import ChatTemplate, TemplateError
 from rollout.config import EnvConfig, LoggingConfig, PolicyConfig
 from rollout.env.tau2_env import Tau2Domain, Tau2Environment, ToolSandbox
-from rollout.env.user import make_user
+from rollout.env.user import UserSimulatorError, make_user
 from rollout.episode import EpisodeSettings, run_episode
-from rollout.policy import GenerationGate, RouterAdmin, SGLangClient
+from rollout.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.tokenizer import load_tokenizer
 
@@ -67,6 +67,9 @@ class RolloutWorker:
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
         self.env_cfg = env_cfg
+        api_key_from_env(policy_cfg.api_key_env)  # a missing key fails the actor's start, not every episode
+        # one circuit breaker per actor: an outage seen by one episode holds the others too
+        self.breaker = BackendBreaker(policy_cfg.backend_outage_timeout_s)
         self.domain = Tau2Domain(env_cfg.domain, tau2_log_level=logging_cfg.tau2_level)
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
@@ -103,7 +106,7 @@ class RolloutWorker:
         if self._session is None or self._session.closed:
             conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=conn)
-            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate)
+            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
         assert self._client is not None
         return self._client
@@ -132,8 +135,7 @@ class RolloutWorker:
         for eid in hit:
             self._running[eid].cancel()
         if rids:
-            admin = RouterAdmin(self.policy_cfg.router_url, self._session, timeout_s=10)
-            await asyncio.gather(*[admin.abort(rid) for rid in rids])
+            await asyncio.gather(*[client.admin.abort(rid) for rid in rids])
         return len(hit)
 
     async def run(self, spec: EpisodeSpec, timeout_s: float | None = None) -> InteractionResult:
@@ -169,12 +171,15 @@ class RolloutWorker:
     async def _run(self, spec: EpisodeSpec, client: SGLangClient, timeout_s: float | None) -> InteractionResult:
         try:
             task = self.domain.tasks[spec.task_id]
-            user = make_user(task, self.env_cfg.user, seed=spec.seed)
+            try:
+                user = make_user(task, self.env_cfg.user, seed=spec.seed)
+            except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
+                return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
             env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
             coro = run_episode(spec, env, client, self.chat, self.settings)
             return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
         except asyncio.TimeoutError:
-            return InteractionResult(spec, EpisodeStatus.ABORTED, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s"})
+            return InteractionResult(spec, EpisodeStatus.TIMEOUT, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s (pool.episode_timeout_s)"})
         except Exception as e:  # anything else is a bug, but must not take the actor down
             logger.exception("episode %s crashed", spec.episode_id)
             return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
@@ -190,6 +195,8 @@ class RolloutWorker:
             "sandbox_kills": self.sandbox.kills,
             "running": len(self._running),
             "gate_closed": self.gate.closed,
+            "breaker": self.breaker.stats(),
+            "request_retries": self._client.retries if self._client is not None else 0,
         }
 
     async def close(self) -> None:

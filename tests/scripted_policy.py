@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from rollout.episode import parse_request_id
+
 
 class ScriptedPolicyServer:
     def __init__(self, tokenizer, script):
@@ -19,8 +21,8 @@ class ScriptedPolicyServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
-        eid, step = body["rid"].rsplit("#", 1)
-        text, finish = self.script(eid, int(step), body["input_ids"])
+        eid, _, step = parse_request_id(body["rid"])
+        text, finish = self.script(eid, step, body["input_ids"])
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if finish == "eos":
             ids.append(self.eos_id)

@@ -141,7 +141,7 @@ def test_pause_resume_and_update_with_64_episodes_in_flight(ray_cluster, tiny_st
         t.check()
     interrupted = [r for r in results if r.metadata["interruptions"]]
     assert interrupted, "the pause and the update interrupted no episode"
-    policy_outcomes = {EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED}
+    policy_outcomes = {EpisodeStatus.COMPLETED, EpisodeStatus.MAX_STEPS, EpisodeStatus.TRUNCATED}
     if mode == "drop":
         assert all(r.status is EpisodeStatus.ABORTED and r.metadata["termination_reason"] == "weight_update" for r in interrupted)
         assert set(statuses) <= policy_outcomes | {EpisodeStatus.ABORTED}

@@ -11,12 +11,20 @@
 * At the end the reward comes from tau2's own evaluator (``evaluate_simulation`` with
   ``EvaluationType.ALL``; 0.3 s to 0.7 s per episode on a 2-core machine, run off the event loop).
 
-Nothing blocks the event loop: building an environment, tool calls and evaluation run in threads,
-each with a timeout. Tools that touch no database (tau2's ``GENERIC`` and ``THINK`` tools, e.g.
-``calculate``, which evaluates its argument with Python's ``eval``) run in a separate sandbox
-process that is killed when a call outlives ``env.step_timeout_s``: a pathological expression such
-as ``9**9**9**9`` cannot hang the actor. Read and write tools are dictionary look-ups and updates
-on the episode's own database and run in a thread.
+Nothing blocks the event loop: building an environment, tool calls and evaluation run in threads
+or in the sandbox process, each with a timeout. No model output is evaluated in the actor's own
+process, at step time or at reward time:
+
+* Tools that touch no database (tau2's ``GENERIC`` and ``THINK`` tools, e.g. ``calculate``, which
+  evaluates its argument with Python's ``eval``) run in a separate sandbox process that is killed
+  when a call outlives ``env.step_timeout_s``: a pathological expression such as ``9**9**9**9``
+  cannot hang the actor. Read and write tools are dictionary look-ups and updates on the
+  episode's own database and run in a thread.
+* tau2's evaluator replays the whole trajectory, ``calculate`` calls included, in environments
+  it builds itself. It runs in the same sandbox process (the very same tau2 code, so the reward
+  is the one tau2 gives), bounded by ``env.reward_timeout_s``: past it the process is killed and
+  the episode ends as ``eval_error``. Without a sandbox (``sandbox=None``, tests and tools only)
+  it runs in a thread of the caller's process, without a hard bound.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -152,28 +161,113 @@ class Tau2Domain:
         return self._mod.get_environment()
 
 
-# -- sandbox for tools that touch no database ----------------------------------------------------
-def _sandbox_main(conn, domain: str, log_level: str) -> None:  # runs in the child process
+# -- evaluation (tau2's own evaluator) -----------------------------------------------------------
+_TERMINATIONS = ("user_stop", "transfer", "agent_stop")
+
+
+def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, start_time: float, end_time: float) -> tuple[float, dict[str, Any]]:
+    """tau2's reward for one conversation, computed in the calling process (blocking).
+
+    It replays the trajectory's tool calls, ``calculate`` included, with Python's ``eval``: call
+    it only in the sandbox process (:meth:`ToolSandbox.evaluate`) or where model output is trusted.
+
+    Args:
+        task: the ``tau2`` Task.
+        messages: the conversation as ``tau2`` messages (user, assistant, tool).
+        termination: ``user_stop`` | ``transfer`` | ``agent_stop``.
+        domain: tau2 domain name (``retail`` | ``airline``).
+        start_time, end_time: the episode's start and end (Unix seconds; recorded, not scored).
+
+    Returns:
+        ``(reward, info)``; ``info`` has ``reward_breakdown`` (reward type -> float), ``db_match``,
+        ``communicate_met`` and ``action_match`` (lists of bools, or None).
+
+    Raises:
+        KeyError: unknown ``termination``; anything tau2's evaluator raises.
+    """
+    from tau2.data_model.simulation import SimulationRun, TerminationReason
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    reason = {
+        "user_stop": TerminationReason.USER_STOP,
+        "transfer": TerminationReason.USER_STOP,  # tau2's user says ###TRANSFER### and stops
+        "agent_stop": TerminationReason.AGENT_STOP,
+    }[termination]
+    sim = SimulationRun(
+        id=uuid.uuid4().hex,
+        task_id=task.id,
+        start_time=str(start_time),
+        end_time=str(end_time),
+        duration=end_time - start_time,
+        termination_reason=reason,
+        messages=messages,
+    )
+    ri = evaluate_simulation(sim, task, EvaluationType.ALL, solo_mode=False, domain=domain)
+    breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (ri.reward_breakdown or {}).items()}
+    info = {
+        "reward_breakdown": breakdown,
+        "db_match": ri.db_check.db_match if ri.db_check is not None else None,
+        "communicate_met": [c.met for c in ri.communicate_checks] if ri.communicate_checks else None,
+        "action_match": [c.action_match for c in ri.action_checks] if ri.action_checks else None,
+    }
+    return float(ri.reward), info
+
+
+# -- sandbox for tools that touch no database, and for evaluation ----------------------------------
+def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = None) -> None:  # runs in the child process
+    from rollout.fate import set_parent_death_signal, share_fate
+
+    # Die with the actor, even when it is SIGKILLed and even in the middle of a runaway eval that
+    # holds the GIL (PDEATHSIG needs no Python thread; the actor's executor threads that start the
+    # sandbox live as long as the actor); the parent watch covers platforms without it.
+    set_parent_death_signal(signal.SIGKILL)
+    share_fate(parent_pid, on_parent_death=lambda: os._exit(1))
     _import_tau2(log_level)
     mod = _domain_module(domain)
     env = mod.get_environment()
     from tau2.data_model.message import ToolCall
+    from tau2.evaluator import evaluator  # noqa: F401  (imported now, not in the first evaluation)
 
     conn.send("ready")
     while True:
         try:
-            name, args = conn.recv()
+            request = conn.recv()
         except EOFError:
             return
-        msg = env.get_response(ToolCall(id="sandbox", name=name, arguments=args))
-        conn.send((msg.content, msg.error))
+        try:
+            op = request[0]
+            if op == "tool":
+                _, name, args = request
+                msg = env.get_response(ToolCall(id="sandbox", name=name, arguments=args))
+                reply = ("ok", (msg.content, msg.error))
+            elif op == "evaluate":
+                reply = ("ok", evaluate_run(domain=domain, **request[1]))
+            else:
+                raise ValueError(f"unknown sandbox request {op!r}")
+        except Exception as e:
+            reply = ("exc", f"{type(e).__name__}: {e}"[:2000])
+        conn.send(reply)
+
+
+class _SandboxTimeout(Exception):
+    """The sandbox did not answer in time and was killed."""
 
 
 class ToolSandbox:
-    """A child process that runs database-free tools and is killed when a call runs too long.
+    """A child process that runs model-controlled code: database-free tools (tau2's ``GENERIC`` /
+    ``THINK`` tools, e.g. ``calculate``) and tau2's evaluator, which replays those tools. It is
+    killed when a request runs too long.
 
-    One per actor, shared by its episodes; calls are serialised (such tools are rare and fast).
-    The process is started on first use with the ``spawn`` method and restarted after a kill.
+    One per actor, shared by its episodes; requests are serialised (such tools are rare and
+    fast; an evaluation takes 0.3-0.7 s, as it did in the actor's threads, which ran one at a time
+    under the GIL). The process is started on first use with the ``spawn`` method and restarted
+    after a kill. Its start-up and the wait for an earlier request are not counted against a
+    request's timeout.
+
+    Args:
+        domain: tau2 domain name; the child loads that domain's environment.
+        startup_timeout_s: bound on the child's start-up (a tau2 import, 1-3 s).
+        log_level: loguru level for tau2's logs in the child.
     """
 
     def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR"):
@@ -188,19 +282,29 @@ class ToolSandbox:
 
     @property
     def pid(self) -> int | None:
+        """The child's process id (None before the first start and after a kill)."""
         return self._proc.pid if self._proc is not None else None
 
     def _ensure(self) -> None:
         """Start the child if needed and wait until it has built its environment; this start-up
-        (a tau2 import, 1-3 s) is not counted against any step's timeout."""
+        (a tau2 import, 1-3 s) is not counted against any step's timeout.
+
+        Raises:
+            EnvironmentStepError: the child did not start within ``startup_timeout_s`` or died.
+        """
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level), daemon=True, name=f"tool-sandbox-{self.domain}")
+        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level, os.getpid()), daemon=True,
+                                       name=f"tool-sandbox-{self.domain}")
         self._proc.start()
         child.close()
         self._conn = parent
-        if not parent.poll(self.startup_timeout_s) or parent.recv() != "ready":
+        try:
+            ready = parent.poll(self.startup_timeout_s) and parent.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
             self.kill()
             raise EnvironmentStepError(f"tool sandbox did not start within {self.startup_timeout_s}s")
 
@@ -216,27 +320,79 @@ class ToolSandbox:
         """Kill the child (a call ran too long or the pipe broke); counted in ``kills``."""
         self.kills += int(self._stop())
 
-    def call(self, name: str, args: dict, timeout_s: float) -> tuple[str, bool]:
-        """Run one tool call; blocking (call it from a thread).
+    def _request(self, request: tuple, timeout_s: float) -> Any:
+        """Send one request and wait up to ``timeout_s`` for its result (blocking).
 
         Raises:
-            ToolTimeoutError: no answer within ``timeout_s`` (the process is killed).
-            EnvironmentStepError: the sandbox process died.
+            _SandboxTimeout: no answer within ``timeout_s`` (the process is killed).
+            EnvironmentStepError: the sandbox did not start, or died.
+            RuntimeError: the request raised in the child (the message says what).
         """
         with self._lock:
             self._ensure()
-            t0 = time.monotonic()
             try:
-                self._conn.send((name, args))
+                self._conn.send(request)
                 if self._conn.poll(timeout_s):
-                    return self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as e:
+                    status, result = self._conn.recv()
+                else:
+                    self.kill()
+                    raise _SandboxTimeout()
+            except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
                 self.kill()
                 raise EnvironmentStepError(f"tool sandbox died: {e!r}") from None
-            self.kill()
-            raise ToolTimeoutError(f"tool {name!r} ran longer than {timeout_s:.1f}s ({time.monotonic() - t0:.1f}s) and was killed")
+        if status != "ok":
+            raise RuntimeError(result)
+        return result
+
+    def call(self, name: str, args: dict, timeout_s: float) -> tuple[str, bool]:
+        """Run one tool call; blocking (call it from a thread).
+
+        Returns:
+            ``(content, error)``: the tool message's content and whether it is an error.
+
+        Raises:
+            ToolTimeoutError: no answer within ``timeout_s`` (the process is killed).
+            EnvironmentStepError: the sandbox process died, or failed outside tau2's error handling.
+        """
+        t0 = time.monotonic()
+        try:
+            return tuple(self._request(("tool", name, args), timeout_s))  # type: ignore[return-value]
+        except _SandboxTimeout:
+            raise ToolTimeoutError(f"tool {name!r} ran longer than {timeout_s:.1f}s ({time.monotonic() - t0:.1f}s) and was killed") from None
+        except RuntimeError as e:
+            if isinstance(e, EnvironmentStepError):
+                raise
+            raise EnvironmentStepError(f"tool {name!r} failed in the sandbox: {e}") from None
+
+    def evaluate(self, task: Any, messages: list[Any], termination: str, start_time: float, end_time: float, timeout_s: float) -> tuple[float, dict[str, Any]]:
+        """tau2's reward for one conversation, computed in the child (:func:`evaluate_run` there);
+        blocking (call it from a thread).
+
+        Args:
+            task, messages, termination, start_time, end_time: as for :func:`evaluate_run`.
+            timeout_s: bound on the evaluation in seconds; past it the child is killed.
+
+        Returns:
+            ``(reward, info)`` as :func:`evaluate_run` gives them.
+
+        Raises:
+            RewardError: the evaluation ran past ``timeout_s`` (the child was killed), raised in
+                the child, or the child did not start or died.
+        """
+        payload = {"task": task, "messages": list(messages), "termination": termination, "start_time": start_time, "end_time": end_time}
+        t0 = time.monotonic()
+        try:
+            reward, info = self._request(("evaluate", payload), timeout_s)
+        except _SandboxTimeout:
+            raise RewardError(f"tau2 evaluation ran longer than {timeout_s:.1f}s ({time.monotonic() - t0:.1f}s) and was killed") from None
+        except EnvironmentStepError as e:
+            raise RewardError(f"tau2 evaluation failed: {e}") from None
+        except RuntimeError as e:
+            raise RewardError(f"tau2 evaluation failed: {e}") from None
+        return reward, info
 
     def close(self) -> None:
+        """Stop the child (not counted in ``kills``)."""
         self._stop()
 
 
@@ -248,8 +404,8 @@ class Tau2Environment:
         user: the episode's user simulator.
         cfg: the ``env`` section.
         executor: thread pool for tau2 calls (``None``: the loop's default executor).
-        sandbox: the actor's :class:`ToolSandbox` for database-free tools (``None``: run them in a
-            thread, without a hard bound).
+        sandbox: the actor's :class:`ToolSandbox` for database-free tools and for tau2's evaluator
+            (``None``: run both in a thread of this process, without a hard bound; tests only).
 
     ``step`` raises :class:`ToolTimeoutError` (policy-caused), :class:`EnvironmentStepError`,
     :class:`UserSimulatorError` or :class:`RewardError` (infrastructure); a tool that raises
@@ -379,41 +535,43 @@ class Tau2Environment:
     async def evaluate(self, termination: str) -> tuple[float, dict[str, Any]]:
         """tau2's reward for the conversation so far, ending with ``termination``.
 
+        With a sandbox the evaluation runs in the sandbox process and is killed past
+        ``env.reward_timeout_s`` (its start-up and the wait for an earlier sandbox request are
+        not counted); without one it runs in a thread here.
+
+        Args:
+            termination: ``user_stop`` | ``transfer`` | ``agent_stop``.
+
+        Returns:
+            ``(reward, info)``: see :func:`evaluate_run`.
+
         Raises:
             RewardError: the evaluator raised or ran past ``env.reward_timeout_s``.
         """
+        if termination not in _TERMINATIONS:
+            raise RewardError(f"tau2 evaluation: unknown termination {termination!r}")
+        timeout = self.cfg.reward_timeout_s
+        if self.sandbox is None:
+            try:
+                return await self._in_thread(self._evaluate_sync, termination, timeout=timeout)
+            except asyncio.TimeoutError:
+                raise RewardError(f"tau2 evaluation took over {timeout}s") from None
+            except Exception as e:
+                raise RewardError(f"tau2 evaluation failed: {e!r}") from e
+        if self.sandbox.domain != self.domain.name:
+            raise RewardError(f"the sandbox serves domain {self.sandbox.domain!r}, not {self.domain.name!r}")
+        # The thread returns by itself once the sandbox answers or is killed; this bound is a net.
+        budget = timeout + self.sandbox.startup_timeout_s + 5.0
+        args = (self.task, list(self.messages), termination, self._start, time.time(), timeout)
         try:
-            return await self._in_thread(self._evaluate_sync, termination, timeout=self.cfg.reward_timeout_s)
+            return await self._in_thread(self.sandbox.evaluate, *args, timeout=budget)
         except asyncio.TimeoutError:
-            raise RewardError(f"tau2 evaluation took over {self.cfg.reward_timeout_s}s") from None
+            raise RewardError(f"tau2 evaluation took over {budget:.0f}s (sandbox busy or not starting)") from None
+        except RewardError:
+            raise
         except Exception as e:
             raise RewardError(f"tau2 evaluation failed: {e!r}") from e
 
     def _evaluate_sync(self, termination: str) -> tuple[float, dict[str, Any]]:
-        from tau2.data_model.simulation import SimulationRun, TerminationReason
-        from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
-
-        reason = {
-            "user_stop": TerminationReason.USER_STOP,
-            "transfer": TerminationReason.USER_STOP,  # tau2's user says ###TRANSFER### and stops
-            "agent_stop": TerminationReason.AGENT_STOP,
-        }[termination]
-        end = time.time()
-        sim = SimulationRun(
-            id=uuid.uuid4().hex,
-            task_id=self.task.id,
-            start_time=str(self._start),
-            end_time=str(end),
-            duration=end - self._start,
-            termination_reason=reason,
-            messages=self.messages,
-        )
-        ri = evaluate_simulation(sim, self.task, EvaluationType.ALL, solo_mode=False, domain=self.domain.name)
-        breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (ri.reward_breakdown or {}).items()}
-        info = {
-            "reward_breakdown": breakdown,
-            "db_match": ri.db_check.db_match if ri.db_check is not None else None,
-            "communicate_met": [c.met for c in ri.communicate_checks] if ri.communicate_checks else None,
-            "action_match": [c.action_match for c in ri.action_checks] if ri.action_checks else None,
-        }
-        return float(ri.reward), info
+        """In-process evaluation (no sandbox): :func:`evaluate_run` in the calling thread."""
+        return evaluate_run(self.task, self.messages, termination, self.domain.name, self._start, time.time())

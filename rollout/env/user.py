@@ -10,14 +10,28 @@ Two implementations behind the :class:`UserSimulator` protocol, one instance per
   it never blocks the event loop), prompted with tau2's own user-simulator guidelines and the
   task's scenario, as tau2's ``UserSimulator`` does.
 
+Failures of the LLM endpoint are retried here, not by litellm (it is called with
+``num_retries=0``): transient ones (HTTP 429, honouring ``Retry-After``; 5xx answers; connection
+errors; timeouts) up to ``env.user.max_retries`` times with jittered exponential back-off; the
+others (400, 401, 403, 404, a malformed answer) fail at once. What still fails raises
+:class:`UserSimulatorError` (the episode's status is then ``user_error``).
+:func:`check_user_simulator` finds set-up failures (no API key, dead endpoint, rejected key)
+before any episode runs.
+
 Stop signals are tau2's: ``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import json
 import logging
 import os
+import random
+import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +46,8 @@ AGENT_GREETING = "Hi! How can I help you today?"
 
 
 class UserSimulatorError(RuntimeError):
-    """The user simulator failed (endpoint down, timeout, malformed answer): an infrastructure failure."""
+    """The user simulator failed (endpoint down, timeout, malformed answer, missing or rejected
+    API key): an infrastructure failure. The message is one line and never holds the API key."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,186 @@ class ScriptedUser:
         return UserReply(f"{info}\nYes, please go ahead.", stop=False)
 
 
+# -- helpers shared by LLMUser and check_user_simulator -------------------------------------------
+_GUIDELINES: str | None = None
+_GUIDELINES_LOCK = threading.Lock()
+
+
+def _user_sim_guidelines() -> str:
+    """tau2's user-simulator guidelines (a file of tau2's), read once per process and cached."""
+    global _GUIDELINES
+    if _GUIDELINES is None:
+        with _GUIDELINES_LOCK:
+            if _GUIDELINES is None:
+                from tau2.user.user_simulator import get_global_user_sim_guidelines
+
+                _GUIDELINES = get_global_user_sim_guidelines(use_tools=False)
+    return _GUIDELINES
+
+
+def _import_litellm():
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    # litellm prints a "Give Feedback / Get Help" banner on stdout for every exception; our own
+    # WARNING per retry says what happened.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def _api_key(cfg: UserConfig) -> str:
+    """The API key named by ``cfg.api_key_env`` ("" when no variable is configured).
+
+    Raises:
+        UserSimulatorError: the variable is configured but unset or empty.
+    """
+    if not cfg.api_key_env:
+        return ""
+    key = os.environ.get(cfg.api_key_env, "")
+    if not key.strip():
+        raise UserSimulatorError(f"environment variable {cfg.api_key_env} (env.user.api_key_env) is not set or empty")
+    return key
+
+
+def _one_line(text: str, key: str = "", limit: int = 300) -> str:
+    """``text`` on one line, at most ``limit`` characters, with ``key`` (if any) masked."""
+    if key:
+        text = text.replace(key, "***")
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# litellm's messages repeat the class names: "litellm.RateLimitError: RateLimitError: OpenAIException - slow down"
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+:\s*|\w+Error:\s*|OpenAIException\s*-\s*)+")
+
+
+def _short(e: BaseException, key: str = "") -> str:
+    """``ClassName: message`` of a litellm exception, on one line, without litellm's repeated prefixes."""
+    text = _LITELLM_PREFIX.sub("", _one_line(str(e), key, 400)) or "(no message)"
+    return _one_line(f"{type(e).__name__}: {text}", "", 200)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a failed endpoint call means for the retry policy."""
+
+    transient: bool
+    status: int | None  # HTTP status of a real answer (None: no answer, or a malformed one)
+    retry_after: float | None  # seconds asked for by a Retry-After header, if any
+    summary: str  # one line, without the key
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(out) < 20:
+        seen.add(id(cur))
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _response_headers(e: BaseException) -> Any:
+    """The HTTP headers of the answer behind a litellm exception, or None.
+
+    litellm 1.106 keeps the real headers in ``e.litellm_response_headers`` (an ``httpx.Headers``);
+    ``e.response`` is a stand-in ``httpx.Response`` with no headers (seen against a local server).
+    """
+    for obj in _chain(e):
+        h = getattr(obj, "litellm_response_headers", None)
+        if h:
+            return h
+        resp = getattr(obj, "response", None)
+        h = getattr(resp, "headers", None)
+        if h:
+            return h
+    return None
+
+
+def _parse_retry_after(headers: Any, now: float | None = None) -> float | None:
+    """Seconds asked for by ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP-date), or None."""
+    if headers is None:
+        return None
+
+    def get(name: str) -> str | None:
+        try:
+            v = headers.get(name)
+            if v is None and isinstance(headers, dict):  # plain dicts are case-sensitive
+                v = {str(k).lower(): x for k, x in headers.items()}.get(name)
+            return None if v is None else str(v).strip()
+        except Exception:
+            return None
+
+    ms = get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    v = get("retry-after")
+    if not v:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _classify(e: BaseException, key: str = "") -> _Failure:
+    """Sort a failed ``litellm.acompletion`` call into transient (retry) or not.
+
+    Transient: no answer at all (connection refused or dropped, a timeout), HTTP 408 / 429, and
+    real 5xx answers. Not transient: other 4xx (400, 401, 403, 404, ...) and malformed answers
+    (litellm reports a 200 whose body is not JSON as a "500" InternalServerError; the cause chain
+    tells it apart from a real 500).
+    """
+    import httpx
+    import openai
+
+    litellm = _import_litellm()
+    chain = _chain(e)
+    short = _short(e, key)
+    if any(isinstance(x, json.JSONDecodeError) for x in chain):
+        return _Failure(False, None, None, f"malformed answer ({short})")
+    conn_types: tuple[type, ...] = (openai.APIConnectionError, httpx.TransportError, ConnectionError, TimeoutError,
+                                    litellm.Timeout, litellm.APIConnectionError)
+    try:
+        import aiohttp
+
+        conn_types += (aiohttp.ClientConnectionError,)
+    except ImportError:  # pragma: no cover
+        pass
+    status = getattr(e, "status_code", None)
+    status = status if isinstance(status, int) else None
+    headers = _response_headers(e)
+    if any(isinstance(x, conn_types) for x in chain) and not (status is not None and status >= 500 and headers):
+        what = "timed out" if any(isinstance(x, (TimeoutError, httpx.TimeoutException, litellm.Timeout)) for x in chain) else "no answer"
+        return _Failure(True, None, None, f"{what} ({short})")
+    real_answer = headers is not None or any(isinstance(x, (openai.APIStatusError, httpx.HTTPStatusError)) for x in chain[1:])
+    if status is not None and real_answer:
+        transient = status in (408, 429) or 500 <= status < 600
+        return _Failure(transient, status, _parse_retry_after(headers) if transient else None, f"HTTP {status} ({short})")
+    return _Failure(False, status if real_answer else None, None, short)
+
+
+def _backoff(retry: int, cfg: UserConfig, failure: _Failure, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``retry`` (1-based): the Retry-After the server asked for,
+    else ``retry_backoff_s * 2**(retry-1)`` with jitter (x0.5-1.0); both capped at ``max_retry_wait_s``."""
+    cap = max(0.0, cfg.max_retry_wait_s)
+    if failure.retry_after is not None:
+        return min(failure.retry_after, cap)
+    base = min(cap, cfg.retry_backoff_s * (2 ** (retry - 1)))
+    return base * rng.uniform(0.5, 1.0)
+
+
 class LLMUser:
     """User simulated by an LLM behind an OpenAI-compatible endpoint.
 
@@ -103,68 +298,190 @@ class LLMUser:
         cfg: the ``env.user`` section (``base_url`` must already be resolved).
         seed: passed to the endpoint as ``seed``.
 
-    Raises (from ``start`` / ``respond``):
-        UserSimulatorError: the call failed, timed out or returned no text.
+    Raises:
+        UserSimulatorError: (here) ``base_url`` / ``model`` missing, or the API key variable named
+            by ``api_key_env`` unset or empty; (from ``start`` / ``respond``) the call still failed
+            after the retries, failed in a way not worth retrying, or returned no text.
+
+    Each call is bounded by ``cfg.timeout_s``; transient failures are retried up to
+    ``cfg.max_retries`` times (so one turn takes at most about ``(max_retries + 1) * timeout_s``
+    plus the waits). The history gets the agent's message and the answer only once the call
+    succeeded, so retries never duplicate a message.
     """
 
     def __init__(self, task: Any, cfg: UserConfig, seed: int = 0):
         if not cfg.base_url or not cfg.model:
             raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
-        from tau2.user.user_simulator import SYSTEM_PROMPT, get_global_user_sim_guidelines
+        from tau2.user.user_simulator import SYSTEM_PROMPT
 
         self.cfg = cfg
         self.seed = seed
-        self.api_key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
-        if cfg.api_key_env and not self.api_key:
-            raise UserSimulatorError(f"environment variable {cfg.api_key_env} (env.user.api_key_env) is not set")
-        system = SYSTEM_PROMPT.format(
-            global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=False),
-            instructions=str(task.user_scenario),
-        )
+        self.api_key = _api_key(cfg)
+        self.calls = 0  # endpoint calls made, retries included
+        self.retries = 0
+        self._rng = random.Random()
+        system = SYSTEM_PROMPT.format(global_user_sim_guidelines=_user_sim_guidelines(), instructions=str(task.user_scenario))
         # Roles are flipped: the simulator is the "assistant", the agent speaks as "user".
         self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
 
-    async def _complete(self, agent_text: str) -> str:
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
-
-        self.history.append({"role": "user", "content": agent_text})
-        try:
-            resp = await asyncio.wait_for(
-                litellm.acompletion(
-                    model=f"openai/{self.cfg.model}",
-                    api_base=self.cfg.base_url,
-                    api_key=self.api_key or "EMPTY",
-                    messages=self.history,
-                    temperature=self.cfg.temperature,
-                    max_tokens=self.cfg.max_tokens,
-                    seed=self.seed,
-                    num_retries=0,
-                ),
-                timeout=self.cfg.timeout_s,
-            )
-            text = resp.choices[0].message.content
-        except asyncio.TimeoutError:
-            raise UserSimulatorError(f"user simulator timed out after {self.cfg.timeout_s}s") from None
-        except Exception as e:  # litellm raises many types; all are infrastructure failures here
-            raise UserSimulatorError(f"user simulator call failed: {e.__class__.__name__}: {str(e)[:300]}") from None
+    async def _call_once(self, messages: list[dict[str, str]]) -> str:
+        litellm = _import_litellm()
+        self.calls += 1
+        resp = await asyncio.wait_for(
+            litellm.acompletion(
+                model=f"openai/{self.cfg.model}",
+                api_base=self.cfg.base_url,
+                api_key=self.api_key or "EMPTY",
+                messages=messages,
+                temperature=self.cfg.temperature,
+                max_tokens=self.cfg.max_tokens,
+                seed=self.seed,
+                num_retries=0,  # the retry policy is ours
+                max_retries=0,
+            ),
+            timeout=self.cfg.timeout_s,
+        )
+        choices = getattr(resp, "choices", None) or []
+        text = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
         if not isinstance(text, str) or not text.strip():
-            raise UserSimulatorError("user simulator returned no text")
-        self.history.append({"role": "assistant", "content": text})
+            raise UserSimulatorError("user simulator returned no text (malformed answer)")
+        return text
+
+    async def _complete(self, agent_text: str) -> str:
+        messages = [*self.history, {"role": "user", "content": agent_text}]
+        attempts = self.cfg.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                text = await self._call_once(messages)
+                break
+            except UserSimulatorError:
+                raise
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # litellm raises many types: sort them
+                if isinstance(e, asyncio.TimeoutError):
+                    failure = _Failure(True, None, None, f"timed out after {self.cfg.timeout_s:g}s")
+                else:
+                    failure = _classify(e, self.api_key)
+                if not failure.transient:
+                    raise UserSimulatorError(f"user simulator call failed (not retried): {failure.summary}") from None
+                if attempt == attempts:
+                    raise UserSimulatorError(f"user simulator call failed after {attempts} attempts: {failure.summary}") from None
+                wait = _backoff(attempt, self.cfg, failure, self._rng)
+                self.retries += 1
+                logger.warning("user simulator call failed (%s); retry %d/%d in %.2fs", failure.summary, attempt, self.cfg.max_retries, wait)
+                await asyncio.sleep(wait)
+        self.history += [messages[-1], {"role": "assistant", "content": text}]
         return text.strip()
 
     async def start(self) -> str:
+        """The user's opening message (the answer to tau2's agent greeting).
+
+        Raises:
+            UserSimulatorError: see the class.
+        """
         return await self._complete(AGENT_GREETING)
 
     async def respond(self, agent_message: str) -> UserReply:
+        """The user's answer to ``agent_message``.
+
+        Raises:
+            UserSimulatorError: see the class.
+        """
         text = await self._complete(agent_message)
         return UserReply(text, stop=is_stop(text))
 
 
 def make_user(task: Any, cfg: UserConfig, seed: int) -> UserSimulator:
-    """Build the configured user simulator for one episode."""
+    """Build the configured user simulator for one episode.
+
+    Raises:
+        UserSimulatorError: the llm user's configuration or API key is missing.
+        ValueError: unknown ``cfg.kind``.
+    """
     if cfg.kind == "scripted":
         return ScriptedUser(task)
     if cfg.kind == "llm":
         return LLMUser(task, cfg, seed=seed)
     raise ValueError(f"env.user.kind: unknown user simulator {cfg.kind!r}")
+
+
+# -- pre-flight check ------------------------------------------------------------------------------
+def _key_source(cfg: UserConfig) -> str:
+    return f"the API key from ${cfg.api_key_env}" if cfg.api_key_env else "the request (no API key configured: env.user.api_key_env is null)"
+
+
+async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None:
+    """Check, before any episode, that the configured user simulator can work.
+
+    For ``kind == "scripted"`` it returns at once. For ``kind == "llm"`` it checks that
+    ``base_url`` and ``model`` are set, that the variable named by ``api_key_env`` (if any) holds
+    a key, and that the endpoint answers and accepts the key: ``GET {base_url}/models`` with the
+    key; when that path is not served (any answer but 2xx, 401 or 403), a one-token chat
+    completion for ``model`` instead. No retries: a failure is reported at once.
+
+    Async: from synchronous code (a CLI's pre-flight) call ``asyncio.run(check_user_simulator(cfg))``.
+
+    Args:
+        cfg: the ``env.user`` section, with ``base_url`` resolved (e.g. to the local router's ``/v1``).
+        timeout_s: bound on each request, in seconds (a dead endpoint fails within about this).
+
+    Raises:
+        UserSimulatorError: one line saying what is wrong (the key variable missing or empty, the
+            endpoint not answering, the key rejected with 401/403, the test completion failing);
+            it never contains the key.
+        ValueError: unknown ``cfg.kind``.
+    """
+    if cfg.kind == "scripted":
+        return
+    if cfg.kind != "llm":
+        raise ValueError(f"env.user.kind: unknown user simulator {cfg.kind!r}")
+    if not cfg.base_url or not cfg.model:
+        raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
+    key = _api_key(cfg)
+    import aiohttp
+
+    base = cfg.base_url.rstrip("/")
+    url = f"{base}/models"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.get(url, headers={"Authorization": f"Bearer {key or 'EMPTY'}"}) as resp:
+                status = resp.status
+                body = await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        what = f"no answer within {timeout_s:g}s" if isinstance(e, asyncio.TimeoutError) else _one_line(f"{type(e).__name__}: {e}", key, 200)
+        raise UserSimulatorError(f"user simulator endpoint {base} does not answer (GET /models: {what})") from None
+    if status in (401, 403):
+        raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (GET /models: HTTP {status})")
+    if 200 <= status < 300:
+        try:
+            ids = [m.get("id") for m in json.loads(body).get("data", [])]
+        except Exception:
+            ids = []
+        if ids and cfg.model not in ids:
+            logger.warning("user simulator endpoint %s does not list model %r (it lists %s)", base, cfg.model, ids[:5])
+        return
+    await _probe_chat(cfg, key, base, timeout_s, why=f"GET /models answered HTTP {status}")
+
+
+async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, why: str) -> None:
+    """A one-token chat completion; raises UserSimulatorError (one line) when it fails."""
+    litellm = _import_litellm()
+    try:
+        await asyncio.wait_for(
+            litellm.acompletion(
+                model=f"openai/{cfg.model}", api_base=cfg.base_url, api_key=key or "EMPTY",
+                messages=[{"role": "user", "content": "ping"}], max_tokens=1, temperature=0.0,
+                num_retries=0, max_retries=0,
+            ),
+            timeout=timeout_s,
+        )
+    except asyncio.TimeoutError:
+        raise UserSimulatorError(f"user simulator endpoint {base} does not answer ({why}; a test chat completion had no answer within {timeout_s:g}s)") from None
+    except Exception as e:
+        f = _classify(e, key)
+        if f.status in (401, 403):
+            raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (test chat completion: HTTP {f.status})") from None
+        if f.status is None and f.transient:
+            raise UserSimulatorError(f"user simulator endpoint {base} does not answer ({why}; test chat completion: {f.summary})") from None
+        raise UserSimulatorError(f"user simulator endpoint {base} failed a test chat completion for model {cfg.model!r} ({why}; {f.summary})") from None

@@ -13,8 +13,11 @@ real ``sglang-router`` (see :mod:`rollout.local.stack`) and serves:
   client that gives up on one closes its connection.
 * ``POST /pause_generation``, ``POST /continue_generation``, ``POST /update_weights_from_disk``,
   ``GET /get_weight_version``: SGLang's weight-update endpoints, below.
-* ``GET /health``, ``GET /health_generate``, ``GET /get_model_info`` (= ``/model_info``: model
-  and tokenizer paths, ``weight_version``), ``GET /get_server_info`` (= ``/server_info``: also
+* ``GET /health``, ``GET /health_generate``, ``GET /get_model_info`` (= ``/model_info``: SGLang's
+  keys ``model_path``, ``tokenizer_path``, ``is_generation``, ``preferred_sampling_params``,
+  ``weight_version``, ``has_image_understanding``, ``has_audio_understanding``, ``model_type``,
+  ``architectures``, plus ``tokenizer_vocab_size``, ``eos_token_id`` and ``special_tokens``, which
+  SGLang does not report, for :func:`rollout.preflight.check_tokenizer`), ``GET /get_server_info`` (= ``/server_info``: also
   ``weight_version``, ``pause_mode`` (null when not paused), ``num_backend_steps`` (tokens
   sampled for /generate since start, a monotonically increasing counter), held / paused /
   in-flight request counts), ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
@@ -67,6 +70,20 @@ Stop semantics (checked after every sampled token, in this order, as SGLang does
 
 A backend generator that ends by itself gives ``{"type": "stop", "matched": null}``.
 
+API keys (as SGLang's ``--api-key`` / ``--admin-api-key``, ``sglang.srt.utils.auth``):
+
+* The keys are read from environment variables named by ``--api-key-env`` and
+  ``--admin-api-key-env``, never from argv (argv is visible in ``ps`` and in the stack's logs).
+* With an API key, every request must carry ``Authorization: Bearer <key>`` (or ``x-api-key:
+  <key>``), except ``OPTIONS`` and paths starting with ``/health``, ``/ready`` or ``/metrics``;
+  otherwise the answer is HTTP 401 ``{"error": "Unauthorized"}``.
+* Admin endpoints (:data:`ADMIN_PATHS`: abort, pause / continue, weight updates, flush cache)
+  need the admin key when one is set, else the API key when one is set, else nothing.
+
+Fate sharing: with ``--parent-pid PID`` the server exits (SIGTERM to itself, then a hard exit 10 s
+later) once its parent process is gone (polled twice a second); with ``--pdeathsig`` it also asks
+Linux for SIGTERM when the parent *thread* that started it exits (see :mod:`rollout.local.stack`).
+
 Run it with ``python -m rollout.local.server --port P --backend gold_replay --domain retail``.
 """
 
@@ -77,6 +94,8 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
+import secrets
 import sys
 import threading
 import time
@@ -106,6 +125,37 @@ _SAMPLING_IGNORED = {
 _DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 PAUSE_MODES = ("abort", "retract", "in_place")
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
+# Endpoints SGLang marks ADMIN_OPTIONAL: the admin key when set, else the API key when set.
+ADMIN_PATHS = frozenset({
+    "/abort_request", "/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache",
+})
+_AUTH_EXEMPT_PREFIXES = ("/health", "/ready", "/metrics")  # k8s probes and Prometheus, as in SGLang
+
+
+def auth_status(method: str, path: str, authorization: str | None, x_api_key: str | None,
+                api_key: str | None, admin_api_key: str | None) -> int | None:
+    """SGLang's decision for one request: None (allowed) or the HTTP status to refuse it with (401).
+
+    Args:
+        method, path: of the request.
+        authorization: its ``Authorization`` header (``Bearer <key>``, scheme case-insensitive).
+        x_api_key: its ``x-api-key`` header (accepted as well, as recent SGLang does).
+        api_key, admin_api_key: the server's keys (None: not set).
+    """
+    if method == "OPTIONS" or path.startswith(_AUTH_EXEMPT_PREFIXES):
+        return None
+
+    def carries(expected: str) -> bool:
+        if authorization:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), expected.encode()):
+                return True
+        return bool(x_api_key) and secrets.compare_digest(x_api_key.encode(), expected.encode())
+
+    expected = (admin_api_key or api_key) if path in ADMIN_PATHS else api_key
+    if expected is None or carries(expected):
+        return None
+    return 401
 
 
 class BadRequest(ValueError):
@@ -288,6 +338,8 @@ class LocalSGLangServer:
         max_workers: generation threads (concurrent requests beyond it queue).
         weight_version: the initial weight version (SGLang's ``--weight-version``, default
             ``"default"``), reported in every ``/generate`` answer.
+        api_key: required on every endpoint but health checks (SGLang's ``--api-key``); None: open.
+        admin_api_key: required on :data:`ADMIN_PATHS` (SGLang's ``--admin-api-key``).
     """
 
     def __init__(
@@ -300,8 +352,12 @@ class LocalSGLangServer:
         served_model_name: str | None = None,
         max_workers: int = 64,
         weight_version: str = DEFAULT_WEIGHT_VERSION,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
     ) -> None:
         self.backend = backend
+        self._api_key = api_key or None
+        self._admin_api_key = admin_api_key or None
         self.tokenizer = tokenizer
         self.tokenizer_path = tokenizer_path or getattr(tokenizer, "name_or_path", "")
         # The router loads a tokenizer for each worker's model_path (from a model hub unless it
@@ -309,6 +365,9 @@ class LocalSGLangServer:
         self.model_path = model_path or self.tokenizer_path or f"local/{backend.name}"
         self.served_model_name = served_model_name or f"local/{backend.name}"
         self.vocab_size = len(tokenizer)
+        from rollout.preflight import tokenizer_facts
+
+        self._tokenizer_facts = tokenizer_facts(tokenizer)
         eos = tokenizer.eos_token_id
         self.eos_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-gen")
@@ -699,10 +758,18 @@ class LocalSGLangServer:
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({
+            # SGLang's keys
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
             "is_generation": True,
+            "preferred_sampling_params": None,
             "weight_version": self.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(self.backend, "model_type", None),
+            "architectures": getattr(self.backend, "architectures", None),
+            # not reported by SGLang: tokenizer_vocab_size, eos_token_id, special_tokens
+            **self._tokenizer_facts,
         })
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -803,7 +870,20 @@ class LocalSGLangServer:
 
     def make_app(self) -> web.Application:
         """The aiohttp application (routes above; in-flight requests are aborted on shutdown)."""
-        app = web.Application(client_max_size=512 * 1024 * 1024)
+        middlewares = []
+        if self._api_key or self._admin_api_key:
+            api_key, admin_api_key = self._api_key, self._admin_api_key
+
+            @web.middleware
+            async def require_key(request: web.Request, handler):
+                status = auth_status(request.method, request.path, request.headers.get("Authorization"),
+                                     request.headers.get("x-api-key"), api_key, admin_api_key)
+                if status is not None:
+                    return web.json_response({"error": "Unauthorized"}, status=status)
+                return await handler(request)
+
+            middlewares.append(require_key)
+        app = web.Application(client_max_size=512 * 1024 * 1024, middlewares=middlewares)
         app.add_routes([
             web.post("/generate", self.generate),
             web.post("/abort_request", self.abort_request),
@@ -881,14 +961,40 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=64, help="generation threads")
     p.add_argument("--weight-version", default=DEFAULT_WEIGHT_VERSION,
                    help="initial weight version reported in meta_info (SGLang's --weight-version)")
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="require the API key held by this environment variable (SGLang's --api-key; never in argv)")
+    p.add_argument("--admin-api-key-env", default=None, metavar="NAME",
+                   help="require the admin key held by this environment variable on admin endpoints (SGLang's --admin-api-key)")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the parent) is gone")
+    p.add_argument("--pdeathsig", action="store_true",
+                   help="Linux: SIGTERM when the parent thread exits (prctl PR_SET_PDEATHSIG)")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point: load the tokenizer and backend, then serve until SIGINT/SIGTERM."""
-    import os
+def _key_from_env(p_name: str, var: str | None) -> str | None:
+    """The key held by the environment variable ``var`` (None when ``var`` is None).
 
+    Raises:
+        SystemExit: ``var`` is given but unset or empty (a server asked for a key never runs open).
+    """
+    if var is None:
+        return None
+    key = os.environ.get(var)
+    if not key:
+        raise SystemExit(f"rollout.local.server: {p_name} {var}: the environment variable is not set (or empty)")
+    return key
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: load the tokenizer and backend, then serve until SIGINT/SIGTERM (or the
+    parent named by ``--parent-pid`` is gone)."""
     args = _parse_args(argv)
+    if args.pdeathsig or args.parent_pid is not None:
+        from rollout.local.stack import share_fate
+
+        share_fate(args.parent_pid, pdeathsig=args.pdeathsig)
+    api_key = _key_from_env("--api-key-env", args.api_key_env)
+    admin_api_key = _key_from_env("--admin-api-key-env", args.admin_api_key_env)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "DEBUG":
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -908,9 +1014,12 @@ def main(argv: list[str] | None = None) -> None:
     backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg)
     server = LocalSGLangServer(
         backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
-        weight_version=args.weight_version,
+        weight_version=args.weight_version, api_key=api_key, admin_api_key=admin_api_key,
     )
     app = server.make_app()
+    if api_key or admin_api_key:
+        logger.info("API key required (from $%s)%s", args.api_key_env or args.admin_api_key_env,
+                    f"; admin key from ${args.admin_api_key_env}" if admin_api_key else "")
 
     def announce(msg: str) -> None:
         print(f"rollout.local.server backend={backend.name} listening on http://{args.host}:{args.port}", flush=True)
