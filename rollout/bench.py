@@ -11,6 +11,19 @@ that the servers are busy when the pause arrives; the latency is then about one 
 tiny-model prefill of a 4.8k-token tau2 prompt is ~0.16 s here). Against your own router, pass
 ``local.enabled=false policy.router_url=...`` and, for the update cycle, ``--model-path`` (a
 folder every worker can load; skipped without it).
+
+``memory``: resident memory of one actor (its tool sandbox included) against
+``pool.max_concurrent_episodes``, per domain (see :mod:`rollout.sizing`)::
+
+    python -m rollout.bench memory --config configs/local.yaml --concurrency 8,32
+
+``chaos``: the main job (``python -m rollout run`` in a subprocess) under faults (actor, server,
+router, driver kills, a faulty server, a failing user simulator, a node removal), one row per
+fault: episodes submitted, delivered, lost, duplicated, statuses, wall time and processes left
+behind (see :mod:`rollout.chaos`); exits 1 unless every fault ends with 0 lost, 0 duplicated,
+0 left behind and its own checks passed::
+
+    python -m rollout.bench chaos [--config configs/local.yaml] [--tasks 24] [--faults a,b] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -82,6 +95,70 @@ def bench_pause(cfg, episodes: int, cycles: int, model_path: str | None) -> dict
     return out
 
 
+def main_chaos(args) -> int:
+    """``chaos``: run the faults, print the table, write ``--json``; 0 when every fault passed."""
+    import json
+    import logging
+
+    from rollout.chaos import FAULTS, ChaosOptions, format_table, run_chaos
+
+    faults = [x.strip() for x in args.faults.split(",") if x.strip()] if args.faults else list(FAULTS)
+    bad = [x for x in faults if x not in FAULTS]
+    if bad or args.tasks < 1:
+        print(f"error: unknown fault(s) {bad} (known: {', '.join(FAULTS)})" if bad else "error: --tasks must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiohttp").setLevel(logging.CRITICAL)  # the fault proxy's reset connections
+    t0 = time.monotonic()
+    opts = ChaosOptions(config=args.config, tasks=args.tasks, overrides=list(args.overrides),
+                        out_dir=Path(args.out_dir) if args.out_dir else None, left_wait_s=args.left_wait)
+
+    def write(rows: list[dict]) -> None:  # after each fault: a partial report survives an interrupted bench
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+
+    try:
+        rows = run_chaos(opts, faults, on_row=write)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    print(f"chaos bench: {len(rows)} fault(s), {args.tasks} tasks each, {time.monotonic() - t0:.0f} s in all; "
+          f"{sum(r['ok'] for r in rows)} passed; run folders under {Path(rows[0]['dir']).parent if rows else '-'}")
+    if args.json:
+        write(rows)
+        print(f"json: {args.json}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def main_memory(args) -> int:
+    """``memory``: :mod:`rollout.sizing` for each domain, one table; 0 on success."""
+    import json
+
+    from rollout.sizing import format_rows, measure
+    from rollout.worker import setup_logging
+
+    rows = []
+    for domain in [d.strip() for d in args.domains.split(",") if d.strip()]:
+        try:
+            cfg = load_config(args.config, ["logging.level=WARNING", f"env.domain={domain}", *args.overrides])
+        except (ConfigError, FileNotFoundError) as e:
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
+        setup_logging(cfg.logging)
+        rows += measure(cfg, [int(c) for c in args.concurrency.split(",")])
+    print(format_rows(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"json: {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollout.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,10 +168,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=5, help="pauses measured in each condition")
     p.add_argument("--model-path", default=None, help="weights folder for the update cycle (default on the tiny stack: its own weights)")
     p.add_argument("overrides", nargs="*")
+    from rollout.chaos import DEFAULT_TASKS, FAULTS, LEFT_WAIT_S
+
+    c = sub.add_parser("chaos", help="the main job under faults: lost / duplicated episodes and processes left behind, per fault")
+    c.add_argument("--config", "-c", default="configs/local.yaml")
+    c.add_argument("--tasks", type=int, default=DEFAULT_TASKS, help="tasks per fault (the first N of env.task_split), one episode each")
+    c.add_argument("--faults", default=None, help="comma-separated faults (default: all): " + ", ".join(FAULTS))
+    c.add_argument("--json", default=None, metavar="FILE", help="write the rows as a JSON list")
+    c.add_argument("--out-dir", default=None, help="where the runs go (default: a new temporary folder, kept)")
+    c.add_argument("--left-wait", type=float, default=LEFT_WAIT_S, help="seconds to wait for a fault's processes to exit")
+    c.add_argument("overrides", nargs="*")
+    m = sub.add_parser("memory", help="resident memory of one actor (sandbox included) against its concurrency, per domain")
+    m.add_argument("--config", "-c", default="configs/local.yaml")
+    m.add_argument("--domains", default="retail,airline")
+    m.add_argument("--concurrency", default="8,32", help="comma-separated pool.max_concurrent_episodes values")
+    m.add_argument("--json", default=None, metavar="FILE")
+    m.add_argument("overrides", nargs="*")
     from rollout.cli import parse_args_with_overrides
     from rollout.worker import setup_logging
 
     args = parse_args_with_overrides(parser, argv)
+    if args.command == "chaos":
+        return main_chaos(args)
+    if args.command == "memory":
+        return main_memory(args)
     try:
         probe = load_config(args.config, args.overrides)
         per_actor = -(-args.episodes // probe.pool.num_actors)

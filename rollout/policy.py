@@ -225,6 +225,7 @@ class BackendBreaker:
     between that failure and the end of the call's ordinary retry back-off (about a second); see
     :meth:`record_failure`. It is armed only once some call has succeeded: a backend that was
     never reached (a wrong ``router_url``) is not waited for; calls fail after their retries.
+    :meth:`arm` counts a health check as such a success.
 
     *Open*: calls do not spend retries on transport-level failures; they wait in
     :meth:`attempt`, one probe at a time going out after a jittered exponential back-off
@@ -303,6 +304,11 @@ class BackendBreaker:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def arm(self) -> None:
+        """Record that the backend was seen answering (e.g. a health check when the actor
+        started), so that an outage from the very first call is waited for too."""
+        self.successes = max(self.successes, 1)
 
     def record_success(self) -> None:
         """A call succeeded (the backend answered 200): close the breaker if it was open."""
@@ -546,7 +552,7 @@ class SGLangClient:
         of this request). Appends ``rid`` to ``live`` when the attempt may still be generating.
 
         Raises:
-            PolicyServerError: a 4xx answer or a malformed 200 answer (not retried).
+            PolicyServerError: a 4xx answer, or a 200 answer that is JSON but malformed (not retried).
         """
         try:
             async with self.session.post(self.url, json=body, timeout=timeout, headers=headers) as resp:
@@ -571,8 +577,9 @@ class SGLangClient:
             return "retry", _describe(e, self._api_key), None
         try:
             data = json.loads(raw)
-        except ValueError:
-            raise PolicyServerError(f"/generate answered 200 with a body that is not JSON ({len(raw)} bytes)") from None
+        except ValueError:  # e.g. cut short by a proxy: a failure of this request, retried
+            live.append(rid)
+            return "retry", f"/generate answered 200 with a body that is not JSON ({len(raw)} bytes)", None
         if not isinstance(data, dict):
             raise PolicyServerError(f"/generate answered 200 with JSON that is not an object ({type(data).__name__})")
         return "ok", "", parse_generate_response(data)

@@ -70,6 +70,8 @@ class RolloutWorker:
         api_key_from_env(policy_cfg.api_key_env)  # a missing key fails the actor's start, not every episode
         # one circuit breaker per actor: an outage seen by one episode holds the others too
         self.breaker = BackendBreaker(policy_cfg.backend_outage_timeout_s)
+        if _router_answers(policy_cfg):  # seen up: an outage from the first call on is waited for
+            self.breaker.arm()
         self.domain = Tau2Domain(env_cfg.domain, tau2_log_level=logging_cfg.tau2_level)
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
@@ -209,6 +211,23 @@ class RolloutWorker:
             await self._session.close()
         self.sandbox.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _router_answers(cfg: PolicyConfig, timeout_s: float = 5.0) -> bool:
+    """True when ``GET {router_url}/health`` answers 200 within ``timeout_s`` seconds."""
+    import urllib.request
+
+    if not cfg.router_url:
+        return False
+    req = urllib.request.Request(cfg.router_url.rstrip("/") + "/health")
+    key = api_key_from_env(cfg.api_key_env)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
 
 
 def _cancelled(spec: EpisodeSpec) -> InteractionResult:

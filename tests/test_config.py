@@ -21,7 +21,8 @@ def test_shipped_configs_load_with_required_keys():
         "policy.sampling.max_new_tokens", "policy.sampling.stop", "policy.max_context_tokens",
         "env.domain", "env.task_split", "env.task_ids", "env.max_steps", "env.user.kind",
         "env.user.base_url", "env.user.model", "env.user.api_key_env", "rollout.n_samples_per_task",
-        "rollout.output_dir", "local.enabled", "local.backend",
+        "rollout.output_dir", "local.enabled", "local.backend", "pool.no_actor_timeout_s", "policy.backend_outage_timeout_s",
+        "policy.api_key_env", "env.user.max_retries", "env.user.retry_backoff_s", "env.user.max_retry_wait_s",
     ]:
         obj = local
         for part in key.split("."):
@@ -55,6 +56,15 @@ def test_overrides_merge_and_coerce():
         ("rollout.filter_groups=all_zero", "rollout.filter_groups"),
         ("rollout.on_group_failure=retry", "rollout.on_group_failure"),
         ("rollout.max_member_reruns=-2", "rollout.max_member_reruns"),
+        ("pool.no_actor_timeout_s=0", "pool.no_actor_timeout_s"),
+        ("pool.episode_timeout_s=-1", "pool.episode_timeout_s"),
+        ("policy.backend_outage_timeout_s=-1", "policy.backend_outage_timeout_s"),
+        ("policy.max_request_retries=-1", "policy.max_request_retries"),
+        ("policy.api_key_env=sk-abc123", "policy.api_key_env"),  # a key, not a variable name
+        ("env.user.api_key_env='my key'", "env.user.api_key_env"),
+        ("env.user.max_retries=-1", "env.user.max_retries"),
+        ("env.user.retry_backoff_s=-0.5", "env.user.retry_backoff_s"),
+        ("env.user.max_retry_wait_s=0.1", "env.user.max_retry_wait_s"),
     ],
 )
 def test_bad_values_name_the_key(override, key):

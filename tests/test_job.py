@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from ray_head import free_port as _free_port
+from ray_head import ray_head as start_ray_head
 
 from rollout.output import read_samples
 
@@ -26,12 +24,6 @@ def _env():
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", LITELLM_LOCAL_MODEL_COST_MAP="True")
     env.pop("RAY_ADDRESS", None)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cli_runs_the_local_stack_end_to_end(tmp_path):
@@ -68,34 +60,9 @@ def test_bad_config_exits_2_naming_the_key():
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A throwaway Ray head on loopback: ``ray start --head --block`` in its own session, so that
-    stopping it is killing that process group, and nothing else (``ray stop`` kills every Ray
-    process on the machine, other people's clusters included). Yields ``(dashboard address, env)``."""
-    env = _env()
-    ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env["RAY_TMPDIR"] = ray_tmp  # keep this cluster apart from the test session's
-    # Ray >= 2.5x turns on token auth when ~/.ray/auth_token exists; this throwaway loopback
-    # cluster runs without it so the test does not depend on the machine's home folder.
-    env["RAY_AUTH_MODE"] = "disabled"
-    dash = _free_port()
-    log = open(Path(ray_tmp) / "head.log", "w")
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={_free_port()}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-         f"--ray-client-server-port={_free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-         "--include-dashboard=true", "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        yield f"http://127.0.0.1:{dash}", env
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
-        log.close()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    """A throwaway Ray head on loopback (see tests/ray_head.py). Yields ``(dashboard address, env)``."""
+    with start_ray_head(_env()) as head:
+        yield head.dashboard_url, head.env
 
 
 def _submit(ray_head, *args: str) -> subprocess.CompletedProcess:
@@ -140,3 +107,49 @@ def test_grpo_loop_through_ray_job_submit(ray_head, tmp_path):
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["exactly_once"] and summary["duplicates"] == summary["missing"] == 0
     assert summary["episodes_submitted"] == summary["episodes_delivered"] >= 4
+
+
+def test_a_planted_api_key_is_required_used_and_written_nowhere(tmp_path):
+    """policy.api_key_env: the local stack requires the key, the pool sends it, and the key is in
+    no file of the output directory (stack logs included) nor in the job's output."""
+    out = tmp_path / "run"
+    key = "sk-planted-" + os.urandom(8).hex()
+    env = dict(_env(), ROLLOUT_TEST_KEY=key)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0]",
+         "rollout.n_samples_per_task=1", "pool.num_actors=1", "policy.api_key_env=ROLLOUT_TEST_KEY", "logging.level=DEBUG",
+         f"rollout.output_dir={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert json.loads((out / "summary.json").read_text())["status_counts"] == {"completed": 1}
+    assert "api_key_env: ROLLOUT_TEST_KEY" in (out / "config.yaml").read_text()
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any("local_stack_logs" in str(p) for p in files)
+    assert not [str(p) for p in files if key.encode() in p.read_bytes()]
+    assert key not in proc.stdout and key not in proc.stderr
+    # without the key the job refuses at once, naming the variable, never a value
+    env.pop("ROLLOUT_TEST_KEY")
+    t0 = time.time()
+    bad = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "policy.api_key_env=ROLLOUT_TEST_KEY",
+                          f"rollout.output_dir={tmp_path / 'nokey'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "ROLLOUT_TEST_KEY" in bad.stderr and time.time() - t0 < 60, bad.stderr[-2000:]
+
+
+def test_preflight_fails_in_seconds_with_one_line(tmp_path):
+    """A router URL nothing listens on, and an LLM user simulator whose key variable is unset:
+    one line each, before any episode (a dead router used to cost 165 s of retries)."""
+    cases = [
+        ["local.enabled=false", f"policy.router_url=http://127.0.0.1:{_free_port()}"],
+        ["env.user.kind=llm", "env.user.model=sim", "env.user.api_key_env=ROLLOUT_UNSET_USER_KEY"],
+    ]
+    for i, extra in enumerate(cases):
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress",
+                               f"rollout.output_dir={tmp_path / str(i)}", *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        took = time.time() - t0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+        assert took < 40, f"{extra}: {took:.0f}s"
+        assert "Traceback" not in proc.stderr
+    assert "ROLLOUT_UNSET_USER_KEY" in errors[0]

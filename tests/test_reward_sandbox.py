@@ -139,8 +139,8 @@ async def test_runaway_calculate_at_reward_time_is_killed_in_the_sandbox(retail,
             # through step(): the agent ends the episode and the reward is due
             await env.step(Action(RESPOND, content="###STOP###"))
         elapsed = time.monotonic() - t0
-    assert REWARD_TIMEOUT_S - 0.1 <= elapsed < REWARD_TIMEOUT_S + 3.0
-    assert hb.max_gap < 1.0  # this process's event loop never stalled: the eval ran elsewhere
+    assert REWARD_TIMEOUT_S - 0.1 <= elapsed < REWARD_TIMEOUT_S + 20.0
+    assert hb.max_gap < 1.5  # (< REWARD_TIMEOUT_S) this process's event loop never stalled: the eval ran elsewhere
     assert retail_sandbox.kills == kills + 1
     assert not _alive(pid)  # the process that ran the expression is gone: the work really stopped
     # the sandbox restarts and evaluates the next episode normally

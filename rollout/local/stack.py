@@ -525,14 +525,19 @@ class LocalStack:
                 logger.warning("%s (pid %d) ignored SIGTERM; killing it", self._entry(proc)[0], proc.pid)
         for proc in procs:
             if proc.poll() is None:  # still running after the grace period
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    logger.error("%s (pid %d) did not die after SIGKILL", self._entry(proc)[0], proc.pid)
+                self._kill(proc, self._entry(proc)[0])
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen, name: str) -> None:
+        """SIGKILL ``proc``'s process group and reap it."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.error("%s (pid %d) did not die after SIGKILL", name, proc.pid)
 
     def restart_router(self, down_s: float = 0.0, timeout_s: float | None = None) -> None:
         """Stop the router (only it: its process group), wait ``down_s`` seconds, start it again on
@@ -571,14 +576,7 @@ class LocalStack:
         """
         proc = self._servers[i]
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                logger.error("server-%d (pid %d) did not die after SIGKILL", i, proc.pid)
+            self._kill(proc, f"server-{i}")
         logger.info("local stack: killed server-%d (pid %d, %s)", i, proc.pid, self._worker_urls[i])
         return proc.pid
 

@@ -1,0 +1,69 @@
+"""A throwaway Ray head on loopback for tests: ``ray start --head --block`` in its own session, so
+that stopping it is killing that process group and nothing else (``ray stop`` kills every Ray
+process on the machine, other people's clusters included)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayHead:
+    gcs_address: str  # host:port, for ray.init / pool.ray_address
+    dashboard_url: str  # for ray job submit
+    env: dict[str, str]  # the environment clients of this head need
+    proc: subprocess.Popen
+
+    def kill(self) -> None:
+        """SIGKILL the head's whole process group (the GCS and the raylet with it)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[RayHead]:
+    """Start a head with ``env`` (``RAY_TMPDIR`` gets a fresh short folder; token auth is off for
+    this loopback-only cluster so the test does not depend on the machine's home folder); stop it
+    on exit."""
+    env = dict(env)
+    ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env["RAY_TMPDIR"] = ray_tmp
+    env["RAY_AUTH_MODE"] = "disabled"
+    gcs_port, dash = free_port(), free_port()
+    log = open(Path(ray_tmp) / "head.log", "w")  # noqa: SIM115 (closed below)
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
+         f"--ray-client-server-port={free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         "--include-dashboard=true", "--disable-usage-stats"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        yield RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash}", env, head)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
