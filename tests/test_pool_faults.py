@@ -30,6 +30,7 @@ def _running(pool) -> int:
     return sum(i["running"] for i in pool.worker_infos())
 
 
+@pytest.mark.extended  # CI's budget: tests/test_pool.py covers the actor-death retry path in CI; this adds the typing
 def test_an_actor_that_keeps_dying_types_its_episodes_actor_lost_once_each(ray_cluster, retail_stack, retail):
     import ray
 
