@@ -117,9 +117,13 @@ def test_dynamic_sampling_keeps_submitting_until_enough_groups_then_cancels_the_
     assert sorted(g[0].metadata["task_id"] for g in kept) == sorted(mixed)
     assert all([s.reward for s in g] == [1.0, 0.0] for g in kept)
     reasons = collections.Counter((e.sample.metadata["task_id"], e.reason, e.sample.status) for e in excluded)
-    assert reasons == {("5", ZERO_VARIANCE, "completed"): 2, ("6", ZERO_VARIANCE, "completed"): 2,  # all 1.0
-                       (slow, GROUP_CANCELLED, "cancelled"): 2}
-    assert (st["groups_filtered"], st["groups_kept"], st["groups_cancelled"]) == (2, 2, 1)
+    # task 6's group (all 1.0) is filtered if it completes before the second kept group, else it
+    # is cancelled with the slow one as surplus: which one depends on the machine's load
+    six = {k: n for k, n in reasons.items() if k[0] == "6"}
+    filtered_six = six == {("6", ZERO_VARIANCE, "completed"): 2}
+    assert filtered_six or (sum(six.values()) == 2 and {k[1] for k in six} == {GROUP_CANCELLED}), six
+    assert {k: n for k, n in reasons.items() if k[0] != "6"} == {("5", ZERO_VARIANCE, "completed"): 2, (slow, GROUP_CANCELLED, "cancelled"): 2}
+    assert (st["groups_filtered"], st["groups_kept"], st["groups_cancelled"]) == ((2, 2, 1) if filtered_six else (1, 2, 2))
     delivered = _ids(s for g in kept for s in g) + _ids(e.sample for e in excluded)
     assert collections.Counter(delivered) == collections.Counter(pool.submitted_ids)  # each id exactly once
     assert json.dumps(st)  # plain numbers, loggable

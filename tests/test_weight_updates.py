@@ -157,7 +157,7 @@ def test_pause_resume_and_update_with_64_episodes_in_flight(ray_cluster, tiny_st
     worst, contrast, n = _max_logprob_diff(results, models, cfg.policy.sampling.temperature)
     if mode == "continue":
         assert n > 0, "no continued turn holds tokens of both versions"
-        assert contrast > 1e-2  # the other version's weights would not match: the check has power
+        assert contrast > 1e-3  # >= 10x the bound on `worst`: the other version's weights would not match, the check has power
     assert worst <= 1e-4
 
 
