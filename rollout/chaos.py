@@ -375,8 +375,11 @@ def tally(out_dir: Path) -> dict[str, Any]:
 
 
 # -- helper servers (each runs its own event loop in a thread) ---------------------------------
-class _ThreadedApp:
-    """An aiohttp application on 127.0.0.1 (a free port) served from a thread of its own."""
+class ThreadedApp:
+    """An aiohttp application on 127.0.0.1 (a free port) served from a thread of its own, for
+    callers whose own code is synchronous (the bench, Ray drivers in tests). Subclasses build the
+    app in ``_app()`` and may open and close resources in ``_on_start`` / ``_on_stop``;
+    ``start()`` returns once :attr:`url` serves, ``stop()`` tears it down."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -428,7 +431,7 @@ class _ThreadedApp:
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
-class FaultInjectingProxy(_ThreadedApp):
+class FaultInjectingProxy(ThreadedApp):
     """An HTTP proxy that stands for an SGLang worker in front of ``upstream`` (a real server):
     every request is forwarded, except that a fraction of the episodes' ``/generate`` calls (a
     ``rid`` of the form ``<episode>@<attempt>#<n>[.r<k>]``) get a fault instead, picked by a hash
@@ -521,7 +524,7 @@ class FaultInjectingProxy(_ThreadedApp):
         return web.Response(body=data, status=status, headers={"Content-Type": ctype})
 
 
-class FakeUserLLM(_ThreadedApp):
+class FakeUserLLM(ThreadedApp):
     """An OpenAI-compatible user simulator endpoint (``GET /v1/models``, ``POST
     /v1/chat/completions``): the chat calls, in arrival order, are answered as ``pattern`` says
     (repeated): ``429`` (with ``Retry-After: 1``), ``500``, or ``ok``: a fixed user line, which

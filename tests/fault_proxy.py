@@ -14,22 +14,23 @@ to the upstream router, unless ``rule(routing_key, body)`` says otherwise:
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Callable
 
 import aiohttp
 from aiohttp import web
 
+from rollout.chaos import ThreadedApp
+
 Rule = Callable[[str, dict], "tuple[str, object] | None"]
 
 
-class FaultProxy:
+class FaultProxy(ThreadedApp):
     def __init__(self, upstream: str, tokenizer, rule: Rule):
+        super().__init__()
         self.upstream = upstream.rstrip("/")
         self.tok = tokenizer
         self.rule = rule
         self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-        self.url = ""
         self.seen: list[str] = []  # routing keys, in arrival order
 
     async def _generate(self, request: web.Request) -> web.Response:
@@ -53,31 +54,20 @@ class FaultProxy:
         async with self._session.get(self.upstream + "/workers") as r:
             return web.json_response(await r.json(content_type=None), status=r.status)
 
-    async def _start(self) -> None:
-        self._session = aiohttp.ClientSession()
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 2**20)
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/workers", self._workers)
-        # a client that goes away (a cancelled episode) cancels its handler, and with it a delay
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return app  # served with handler_cancellation: a client that goes away cancels its delay
 
-    async def _stop(self) -> None:
-        await self._runner.cleanup()
+    async def _on_start(self) -> None:
+        self._session = aiohttp.ClientSession()
+
+    async def _on_stop(self) -> None:
         await self._session.close()
 
     def __enter__(self) -> "FaultProxy":
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
+        return self.start()
 
     def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self.stop()

@@ -1,6 +1,6 @@
 """A throwaway Ray head on loopback for tests: ``ray start --head --block`` in its own session, so
-that stopping it is killing that process group and nothing else (``ray stop`` kills every Ray
-process on the machine, other people's clusters included)."""
+that stopping it is killing that process group and nothing else (Ray's own stop command would
+take down every Ray process on the machine, other people's clusters included)."""
 
 from __future__ import annotations
 
