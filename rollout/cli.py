@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -154,14 +153,12 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
     from rollout.env.tau2_env import Tau2Domain
     from rollout.env.user import check_user_simulator
     from rollout.pool import RolloutPool
-    from rollout.preflight import PreflightError, run_preflight
+    from rollout.preflight import check_key_variables, run_preflight
 
     stack = None
     pool = None
     try:
-        for var, key in ((cfg.policy.api_key_env, "policy.api_key_env"), (cfg.env.user.api_key_env if cfg.env.user.kind == "llm" else None, "env.user.api_key_env")):
-            if var and not os.environ.get(var):  # before anything starts
-                raise PreflightError(f"{key} names the environment variable {var}, which is not set (or empty)")
+        check_key_variables(cfg)  # before anything starts
         domain = Tau2Domain(cfg.env.domain, tau2_log_level=cfg.logging.tau2_level)
         task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
         if cfg.local.enabled:

@@ -355,12 +355,17 @@ class RolloutPool:
         self._counts["episodes_submitted"] += 1
         self._pending.append(spec)
 
+    def _rerun_spec(self, rr: Rerun) -> EpisodeSpec:
+        """The spec of re-run ``rr`` (a new episode id, first attempt, the current version),
+        registered with the group assembler."""
+        base = self._member_spec[(rr.group_id, rr.sample_index)]
+        self._assembler.expect_rerun(rr)
+        return dataclasses.replace(base, episode_id=rerun_episode_id(base.episode_id, rr.number), attempt=0, weight_version=self._weight_version)
+
     def _submit_reruns(self, reruns: list[Rerun]) -> None:
         for rr in reruns:
-            base = self._member_spec[(rr.group_id, rr.sample_index)]
-            spec = dataclasses.replace(base, episode_id=rerun_episode_id(base.episode_id, rr.number), attempt=0, weight_version=self._weight_version)
-            logger.info("episode %s: re-running group member as %s", base.episode_id, spec.episode_id)
-            self._assembler.expect_rerun(rr)
+            spec = self._rerun_spec(rr)
+            logger.info("episode %s: re-running group member as %s", spec.episode_id.split("~r", 1)[0], spec.episode_id)
             self._enqueue(spec)
         if reruns:
             self._dispatch()
@@ -828,9 +833,7 @@ class RolloutPool:
             self._restored.add(sample.episode_id)
             self._counts["episodes_restored"] += 1
             for rr in self._assembler.add(sample, self._weight_version):
-                base = self._member_spec[(rr.group_id, rr.sample_index)]
-                spec = dataclasses.replace(base, episode_id=rerun_episode_id(base.episode_id, rr.number), attempt=0, weight_version=self._weight_version)
-                self._assembler.expect_rerun(rr)
+                spec = self._rerun_spec(rr)
                 self._submitted.add(spec.episode_id)
                 rerun_specs[spec.episode_id] = spec
         todo = [s for s in specs if s.episode_id not in delivered] + [s for i, s in rerun_specs.items() if i not in delivered]

@@ -353,6 +353,19 @@ def _run_check(fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> Any:
     return box.get("value")
 
 
+def check_key_variables(cfg: Config) -> None:
+    """The variables named by ``policy.api_key_env`` and (for the llm user) ``env.user.api_key_env``
+    are set and not empty; cheap, so the CLI runs it before starting anything.
+
+    Raises:
+        PreflightError: naming the key and the variable (never a value).
+    """
+    user_var = cfg.env.user.api_key_env if cfg.env.user.kind == "llm" else None
+    for var, key in ((cfg.policy.api_key_env, "policy.api_key_env"), (user_var, "env.user.api_key_env")):
+        if var and not os.environ.get(var):
+            raise PreflightError(f"{key} names the environment variable {var}, which is not set (or empty)")
+
+
 def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *,
                   router_timeout_s: float = 5.0, user_timeout_s: float = 30.0) -> dict:
     """Run the checks in order: router and tokenizer (when ``policy.router_url`` is set; else
@@ -375,13 +388,8 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
     """
     t0 = time.monotonic()
     out: dict[str, Any] = {"model_info": None, "output_dir": cfg.rollout.output_dir, "user": None}
-    api_key = None
-    if cfg.policy.api_key_env:
-        api_key = os.environ.get(cfg.policy.api_key_env) or None
-        if api_key is None:
-            raise PreflightError(
-                f"policy.api_key_env names the environment variable {cfg.policy.api_key_env}, which is not set (or empty)"
-            )
+    check_key_variables(cfg)
+    api_key = os.environ.get(cfg.policy.api_key_env) if cfg.policy.api_key_env else None
     if cfg.policy.router_url:
         out["model_info"] = check_router(cfg.policy.router_url, api_key, timeout_s=router_timeout_s)
         check_tokenizer(out["model_info"], cfg.policy.tokenizer)
