@@ -100,6 +100,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -323,6 +324,45 @@ class _Waiters:
                 self._futures.discard(fut)
 
 
+class _FairLock:
+    """A mutex granted in arrival order (FIFO), used as the server's one-step-at-a-time lock.
+
+    ``threading.Lock`` is not fair: a worker thread that releases it and asks again at once
+    usually wins, so one request could run all its steps while another waits, which is not how a
+    batching server behaves (every running request advances each step). Here ``release`` hands
+    the lock straight to the longest waiter, so requests take steps in turn.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queue: deque[threading.Lock] = deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._queue.append(turn)
+        turn.acquire()  # released by the holder's release(): the lock is ours
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._queue:
+                self._queue.popleft().release()  # handed over; stays held
+            else:
+                self._held = False
+
+    def __enter__(self) -> _FairLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class LocalSGLangServer:
     """Owns a backend, the tokenizer, the worker threads, the in-flight requests and the
     pause / weight-update state (see the module docstring for the semantics).
@@ -378,8 +418,8 @@ class LocalSGLangServer:
 
         self.weight_version = str(weight_version)  # written under _step_lock
         self.weights_path: str | None = None  # last model_path loaded by /update_weights_from_disk
-        # One backend step (one next() of a generator, or a weight load) at a time.
-        self._step_lock = threading.Lock()
+        # One backend step (one next() of a generator, or a weight load) at a time, in turn.
+        self._step_lock = _FairLock()
         self.num_backend_steps = 0  # tokens sampled for /generate since start (under _step_lock)
         # None, or the mode of the running pause; written on the event loop under _pause_cv,
         # whose notify_all wakes the worker threads paused in place.
