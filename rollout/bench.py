@@ -184,10 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--concurrency", default="8,32", help="comma-separated pool.max_concurrent_episodes values")
     m.add_argument("--json", default=None, metavar="FILE")
     m.add_argument("overrides", nargs="*")
+    # Sub-commands that live in their own modules: each adds its parser and sets ``run``.
+    from rollout import bench_env, bench_pool, bench_turns
+
+    for module in (bench_env, bench_pool, bench_turns):
+        module.add_parser(sub)
     from rollout.cli import parse_args_with_overrides
     from rollout.worker import setup_logging
 
     args = parse_args_with_overrides(parser, argv)
+    if getattr(args, "run", None) is not None:
+        return args.run(args)
     if args.command == "chaos":
         return main_chaos(args)
     if args.command == "memory":
