@@ -46,5 +46,22 @@ if [[ ! -f "$here/$entry" ]]; then
   exit 2
 fi
 runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
-exec "$ray_bin" job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
-  -- python "$entry" "$@"
+# A head that has just started may not have its job agent yet: Ray then refuses the submission
+# ("No available agent to submit job, please try again later") before creating any job, so
+# retrying it is safe. Up to $SUBMIT_AGENT_WAIT_S seconds (default 60).
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+deadline=$(( SECONDS + ${SUBMIT_AGENT_WAIT_S:-60} ))
+while true; do
+  set +e
+  "$ray_bin" job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
+    -- python "$entry" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [[ $rc -ne 0 ]] && grep -q "No available agent to submit job" "$log" && (( SECONDS < deadline )); then
+    echo "submit.sh: the head has no job agent yet; retrying in 3 s" >&2
+    sleep 3
+    continue
+  fi
+  exit "$rc"
+done

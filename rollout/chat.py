@@ -16,6 +16,14 @@ marker, and cut right after the marker's end-of-turn text. It therefore does not
 template renders earlier turns (Qwen3 drops earlier ``<think>`` blocks once a new user turn
 arrives, so re-rendering history is not prefix-stable). :meth:`ChatTemplate.probe` checks, for the
 configured tokenizer, that this construction is sound and reports which renderings are prefix-stable.
+
+Per turn, the delta of one message is not rendered again: the template's text around a message's
+content is probed once per role (rendering the delta of marker contents) and the delta is then
+``prefix + content + suffix``, which is exactly what the template renders as long as it copies the
+content verbatim. The probe checks that with several contents (surrounding whitespace, markup,
+JSON, a stop signal); a role whose check fails, a message with keys other than ``role`` and
+``content``, a non-string or blank content, and several messages at once are rendered with the
+template as before. Each turn's tokenizer work is then the encoding of the new text alone.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _MARK = "ROLLOUT-DELTA-MARK-5c1e"
+_CONTENT_MARK = "ROLLOUT-CONTENT-MARK-9d2a"  # stands for a message's content in the per-role probe
 _DUMMY_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 _DUMMY_USER = {"role": "user", "content": "Hello."}
 
@@ -52,6 +61,9 @@ class TemplateReport:
         canonical_boundary: per case, whether tokenizing the delta on its own gives the same ids as
             tokenizing the whole rendered text (False is not fatal: the trajectory is still what
             the policy saw, but not the canonical tokenization).
+        verbatim_roles: per role (``user``, ``tool``), whether a one-message delta is taken from
+            the probed affixes around its content (True) or rendered every time (False; slower,
+            equally exact).
         problems: fatal findings; empty when the template is usable.
     """
 
@@ -60,6 +72,7 @@ class TemplateReport:
     prefix_stable: dict[str, bool] = field(default_factory=dict)
     delta_independent: dict[str, bool] = field(default_factory=dict)
     canonical_boundary: dict[str, bool] = field(default_factory=dict)
+    verbatim_roles: dict[str, bool] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -75,6 +88,7 @@ class TemplateReport:
             f"prefix-stable re-rendering: {fmt(self.prefix_stable)}",
             f"delta independent of earlier turns: {fmt(self.delta_independent)}",
             f"canonical tokenization at turn boundaries: {fmt(self.canonical_boundary)}",
+            f"delta from probed affixes (no rendering per turn): {fmt(self.verbatim_roles)}",
         ]
         lines += [f"PROBLEM: {p}" for p in self.problems]
         return "\n".join(lines)
@@ -106,8 +120,12 @@ class ChatTemplate:
             raise TemplateError(f"end-of-turn text {eot!r} tokenizes to nothing")
         self._turn_tail: str | None = None
         # Episodes tokenize from worker threads; a Rust tokenizer shared across threads can fail
-        # with "Already borrowed" if calls overlap, so calls into it are serialised.
+        # with "Already borrowed" if calls overlap, so calls into it are serialised. The event loop
+        # never takes this lock: the episode loop encodes and decodes in executor threads.
         self._lock = threading.Lock()
+        # role -> (prefix, suffix) of a one-message delta, or None where the template does not
+        # copy the content verbatim (probed once per role, see _affixes).
+        self._role_affixes: dict[str, tuple[str, str] | None] = {}
 
     # -- rendering ---------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: bool = True) -> str:
@@ -120,12 +138,19 @@ class ChatTemplate:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Tokenize template text (special tokens in the text become their ids; no BOS added)."""
+        """Tokenize template text (special tokens in the text become their ids; no BOS added).
+
+        Blocking: it takes the tokenizer lock, which other threads hold while they encode (a
+        6k-token prompt takes milliseconds). Async code calls it in a thread.
+        """
         with self._lock:
             return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        """Decode generated ids keeping special tokens (``<tool_call>`` is one in Qwen3)."""
+        """Decode generated ids keeping special tokens (``<tool_call>`` is one in Qwen3).
+
+        Blocking: it takes the tokenizer lock (see :meth:`encode`). Async code calls it in a thread.
+        """
         with self._lock:
             return self.tokenizer.decode(ids, skip_special_tokens=False)
 
@@ -137,7 +162,7 @@ class ChatTemplate:
         prev = previous_assistant or {"role": "assistant", "content": _MARK}
         base = [_DUMMY_SYSTEM, _DUMMY_USER, prev]
         full = self.render(base + list(messages), add_generation_prompt=True, tools=False)
-        at = full.rfind(_MARK)
+        at = full.find(_MARK)  # the first: a message after it may hold the marker text too
         if at < 0:
             raise TemplateError("the chat template dropped the previous assistant turn's content")
         end = at + len(_MARK)
@@ -153,6 +178,57 @@ class ChatTemplate:
                 raise TemplateError("the chat template does not close the assistant turn with its EOS text")
         return full[end + len(self.end_of_turn) :]
 
+    # Contents the per-role probe renders: the template must copy each one verbatim.
+    _PROBE_CONTENTS = (
+        _CONTENT_MARK,
+        f"  {_CONTENT_MARK} \n\n",
+        f"\n<tool_response>\n{_CONTENT_MARK}\n</tool_response>",
+        f'{{"order_id": "#W1", "items": [{{"price": 1.5}}]}} {_CONTENT_MARK} ok?',
+        f"###STOP### {_CONTENT_MARK}",
+    )
+
+    def _affixes(self, role: str) -> tuple[str, str] | None:
+        """``(prefix, suffix)`` such that the delta of ``{"role": role, "content": c}`` is
+        ``prefix + c + suffix`` for every probed content, or None (probed once per role)."""
+        if role in self._role_affixes:
+            return self._role_affixes[role]
+        found: tuple[str, str] | None = None
+        try:
+            text = self._delta_text([{"role": role, "content": _CONTENT_MARK}])
+            if text.count(_CONTENT_MARK) == 1:
+                at = text.index(_CONTENT_MARK)
+                found = (text[:at], text[at + len(_CONTENT_MARK):])
+                for content in self._PROBE_CONTENTS[1:]:
+                    if self._delta_text([{"role": role, "content": content}]) != found[0] + content + found[1]:
+                        found = None
+                        break
+        except TemplateError:
+            raise
+        except Exception as e:  # a template that rejects the role: render (and fail) per message
+            logger.debug("chat template: no verbatim delta for role %r: %r", role, e)
+            found = None
+        self._role_affixes[role] = found  # idempotent: a race computes the same value twice
+        return found
+
+    def delta_text(self, messages: list[dict]) -> str:
+        """The template's text from just after an assistant turn's end-of-turn through the next
+        generation prompt, for ``messages`` (see :meth:`delta_ids`).
+
+        One message ``{"role", "content"}`` with a non-blank string content takes the probed
+        per-role affixes (no template rendering); anything else is rendered.
+
+        Raises:
+            TemplateError: the template does not close assistant turns with its EOS text.
+        """
+        if len(messages) == 1:
+            msg = messages[0]
+            content = msg.get("content")
+            if isinstance(content, str) and content.strip() and msg.keys() <= {"role", "content"}:
+                affixes = self._affixes(str(msg.get("role")))
+                if affixes is not None:
+                    return affixes[0] + content + affixes[1]
+        return self._delta_text(messages)
+
     def delta_ids(self, messages: list[dict]) -> list[int]:
         """Ids to append after an assistant turn closed by its end-of-turn token.
 
@@ -166,7 +242,7 @@ class ChatTemplate:
         Raises:
             TemplateError: the template does not close assistant turns with its EOS text.
         """
-        return self.encode(self._delta_text(messages))
+        return self.encode(self.delta_text(messages))
 
     @property
     def turn_tail(self) -> str:
@@ -231,4 +307,5 @@ class ChatTemplate:
             # Canonical tokenization: ids(prefix) + ids(delta) == ids(prefix + delta)?
             prefix = self.render([_DUMMY_SYSTEM, _DUMMY_USER], True, tools=False) + "Sure." + self.end_of_turn
             rep.canonical_boundary[nk] = self.encode(prefix) + self.encode(ref) == self.encode(prefix + ref)
+            rep.verbatim_roles[nk] = self._affixes(nk) is not None
         return rep

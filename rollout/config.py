@@ -22,6 +22,7 @@ from rollout.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 DOMAINS = ("airline", "retail")
 TASK_SPLITS = ("train", "test", "base")
 USER_KINDS = ("scripted", "llm")
+EVALUATORS = ("fast", "tau2")
 ON_PARSE_ERROR = ("feedback", "abort")
 LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -57,6 +58,11 @@ class PolicyConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_context_tokens: int = 32768  # prompt + response; past it the episode is truncated
     request_timeout_s: float = 600.0  # one /generate call
+    # Bound (seconds) on each tokenizer call the episode loop makes in a thread (rendering and
+    # encoding the first prompt or a delta, decoding a turn); one past it ends the episode
+    # policy_error (termination_reason tokenize_timeout). A call takes milliseconds; only an
+    # actor whose threads are stuck or overloaded comes near it.
+    tokenize_timeout_s: float = 60.0
     max_request_retries: int = 3  # retries of a /generate call on connection errors / 5xx
     # Circuit breaker: when /generate fails for every episode at once (router or every worker
     # down), calls wait with back-off for the backend to come back, up to this long, instead of
@@ -98,7 +104,11 @@ class EnvConfig:
     task_ids: Optional[list[str]] = None  # null: every task of the split
     max_steps: int = 30  # agent turns per episode
     step_timeout_s: float = 30.0  # one tool call (hard: the step is killed past it)
-    reward_timeout_s: float = 120.0  # tau2 evaluate_simulation
+    reward_timeout_s: float = 120.0  # computing one episode's reward
+    # fast: copy-on-write databases and rewards from the episode's own database, equal to tau2's
+    # (rollout/env/fast.py); tau2: tau2's own path, a full environment per episode and
+    # evaluate_simulation in the tool sandbox (the reference; 10x+ slower).
+    evaluator: str = "fast"
     user: UserConfig = field(default_factory=UserConfig)
 
 
@@ -170,6 +180,11 @@ class LocalConfig:
     # The servers' --weight-version at start (SGLang's default is "default"; numeric here so
     # that staleness can be computed); /update_weights_from_disk changes it.
     weight_version: str = "0"
+    # Seconds each server waits before answering a /generate call, as a GPU server would take to
+    # generate (``python -m rollout.bench pool``). The wait is an asyncio sleep on the server's
+    # event loop: it holds neither the one-step-at-a-time lock nor a generation thread, so any
+    # number of requests wait at once. 0.0: no added latency.
+    generate_latency_s: float = 0.0
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -215,6 +230,7 @@ def validate(cfg: Config) -> Config:
     _check(cfg.env.max_steps >= 1, "env.max_steps", "must be >= 1")
     _check(cfg.env.step_timeout_s > 0, "env.step_timeout_s", "must be > 0")
     _check(cfg.env.reward_timeout_s > 0, "env.reward_timeout_s", "must be > 0")
+    _check(cfg.env.evaluator in EVALUATORS, "env.evaluator", f"must be one of {EVALUATORS}, got {cfg.env.evaluator!r}")
     u = cfg.env.user
     _check(u.kind in USER_KINDS, "env.user.kind", f"must be one of {USER_KINDS}, got {u.kind!r}")
     if u.kind == "llm":
@@ -239,6 +255,7 @@ def validate(cfg: Config) -> Config:
     _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+    _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")
     _check(p.max_request_retries >= 0, "policy.max_request_retries", "must be >= 0")
     _check(p.backend_outage_timeout_s >= 0, "policy.backend_outage_timeout_s", "must be >= 0")
     _check(p.api_key_env is None or p.api_key_env.isidentifier(), "policy.api_key_env",
@@ -261,6 +278,7 @@ def validate(cfg: Config) -> Config:
     _check(r.max_member_reruns >= 0, "rollout.max_member_reruns", "must be >= 0")
     _check(cfg.local.backend in LOCAL_BACKENDS, "local.backend", f"must be one of {LOCAL_BACKENDS}, got {cfg.local.backend!r}")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
+    _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
     _check(cfg.logging.level.upper() in LOG_LEVELS, "logging.level", f"must be one of {LOG_LEVELS}")
     _check(cfg.logging.tau2_level.upper() in LOG_LEVELS, "logging.tau2_level", f"must be one of {LOG_LEVELS}")
     return cfg

@@ -6,6 +6,11 @@ answer's ids are appended as sampled), only non-assistant messages are tokenized
 deltas), every step has a timeout, and every way an episode can end is a typed
 :class:`~rollout.records.EpisodeStatus`. It never raises for anything a model, a tool, a user
 simulator or a server does.
+
+The event loop never calls the tokenizer: rendering, encoding and decoding run in threads
+(:func:`_off_loop`), each bounded by ``policy.tokenize_timeout_s``, because the chat template
+serialises calls into the Rust tokenizer with a lock that threads hold while they encode large
+prompts. A call past its bound ends the episode ``policy_error`` (``tokenize_timeout``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rollout.chat import ChatTemplate
+from rollout.config import PolicyConfig
 from rollout.env.tau2_env import RESPOND, Action, EnvironmentStepError, RewardError, ToolTimeoutError
 from rollout.env.user import UserSimulatorError
 from rollout.parsing import ParseError, parse_turn
@@ -56,6 +62,8 @@ class EpisodeSettings:
             (``rollout.partial_rollout``): ``continue`` | ``restart_turn`` | ``drop``.
         stop: the stop strings of ``policy.sampling.stop`` (a continued turn is checked for one
             that straddles the interruption, which no single server call could see).
+        tokenize_timeout_s: bound on each tokenizer call made in a thread
+            (``policy.tokenize_timeout_s``).
     """
 
     max_steps: int
@@ -66,6 +74,7 @@ class EpisodeSettings:
     tool_names: tuple[str, ...]
     partial_rollout: str = "continue"
     stop: tuple[str, ...] = ()
+    tokenize_timeout_s: float = PolicyConfig.tokenize_timeout_s
 
 
 def request_id(spec: EpisodeSpec, request: int) -> str:
@@ -94,6 +103,28 @@ def _request_seed(spec: EpisodeSpec, request: int) -> int:
     """``sampling_seed`` of an episode's ``request``-th ``/generate`` call (a continued turn's
     second call gets a fresh seed, so it does not replay the random stream of the first)."""
     return (spec.seed * 1_000_003 + request) % (2**31 - 1)
+
+
+class TokenizeTimeout(RuntimeError):
+    """A tokenizer call ran past ``policy.tokenize_timeout_s`` (the actor's threads are stuck or
+    overloaded): the episode ends ``policy_error`` with termination reason ``tokenize_timeout``."""
+
+
+async def _off_loop(settings: EpisodeSettings, fn, *args):
+    """``fn(*args)`` in a thread, bounded by ``settings.tokenize_timeout_s``.
+
+    Every tokenizer call of the loop goes through here: the chat template serialises calls into
+    the Rust tokenizer with a lock that threads hold while they encode large prompts, so the
+    event loop never calls it itself (it would wait on that lock).
+
+    Raises:
+        TokenizeTimeout: the call did not finish in time (its thread finishes on its own).
+    """
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), settings.tokenize_timeout_s)
+    except asyncio.TimeoutError:
+        name = getattr(fn, "__name__", "tokenizer call")
+        raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
 
 
 @dataclass
@@ -151,7 +182,11 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             meta["discarded_tokens"] += traj.discard_from(start)
             turn.ids = []
     if turn.interruptions and settings.partial_rollout == "continue":
-        cut = _straddled_stop(chat, turn.ids, settings.stop)
+        try:
+            cut = await _off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
+        except TokenizeTimeout as e:
+            turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e)
+            return turn
         if cut is not None:  # the server would have stopped there, had the turn not been split
             meta["discarded_tokens"] += traj.discard_from(start + cut)
             turn.ids = turn.ids[:cut]
@@ -161,19 +196,30 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
 
 def _straddled_stop(chat: ChatTemplate, ids: list[int], stops: tuple[str, ...]) -> int | None:
     """For a turn sampled by several calls: the length of its shortest prefix whose text holds a
-    stop string, when that is shorter than the turn (else None).
+    stop string, when that is shorter than the turn (else None). Blocking (it decodes): run it
+    in a thread.
 
     Each call's server looks for stop strings in its own output only, so one split across an
     interruption goes unnoticed and the turn runs on past it. Where it completes is where a single
     call would have stopped; the tokens after it are dropped.
+
+    A prefix that holds a stop string stays holding it as tokens are added, so the shortest one is
+    found by bisection (about log2(len(ids)) decodes).
     """
-    if not stops or not any(st in chat.decode(ids) for st in stops):
-        return None
-    for k in range(1, len(ids)):
+    def holds(k: int) -> bool:
         text = chat.decode(ids[:k])
-        if any(st in text for st in stops):
-            return k
-    return None
+        return any(st in text for st in stops)
+
+    if not stops or not holds(len(ids)):
+        return None
+    lo, hi = 0, len(ids)  # holds(lo) is False (the empty prefix), holds(hi) is True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi if hi < len(ids) else None
 
 
 async def run_episode(
@@ -244,7 +290,10 @@ async def run_episode(
         return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
     messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
     # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
-    traj = Trajectory(prompt_ids=await asyncio.to_thread(chat.prompt_ids, messages))
+    try:
+        traj = Trajectory(prompt_ids=await _off_loop(settings, chat.prompt_ids, messages))
+    except TokenizeTimeout as e:
+        return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
 
     # -- turns ---------------------------------------------------------------------------------
     for step in range(settings.max_steps):
@@ -263,7 +312,10 @@ async def run_episode(
         gen_ids = turn.ids
         meta["turns"] += 1
         closed = chat.ends_turn(gen_ids)
-        text = chat.decode(gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids)
+        try:
+            text = await _off_loop(settings, chat.decode, gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids)
+        except TokenizeTimeout as e:
+            return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
         if not closed:
             # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
             # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
@@ -281,7 +333,11 @@ async def run_episode(
                 return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
             feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
             messages.append(feedback)
-            if not _append_delta(traj, await asyncio.to_thread(chat.delta_ids, [feedback]), settings):
+            try:
+                delta = await _off_loop(settings, chat.delta_ids, [feedback])
+            except TokenizeTimeout as te:
+                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(te))
+            if not _append_delta(traj, delta, settings):
                 return finish(EpisodeStatus.TRUNCATED, "context")
             continue
 
@@ -310,7 +366,11 @@ async def run_episode(
             return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
         nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
         messages.append(nxt)
-        if not _append_delta(traj, await asyncio.to_thread(chat.delta_ids, [nxt]), settings):
+        try:
+            delta = await _off_loop(settings, chat.delta_ids, [nxt])
+        except TokenizeTimeout as e:
+            return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+        if not _append_delta(traj, delta, settings):
             return finish(EpisodeStatus.TRUNCATED, "context")
     return finish(EpisodeStatus.MAX_STEPS, "max_steps")
 

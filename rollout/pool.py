@@ -967,3 +967,18 @@ class RolloutPool:
 
     def worker_infos(self) -> list[dict]:
         return ray.get([a.info.remote() for a in self.actors])
+
+    def loop_lags(self, reset: bool = False, timeout_s: float | None = 60.0) -> list[dict]:
+        """Each actor's event-loop lag, in actor order (:meth:`rollout.worker.RolloutWorker.loop_lag`:
+        ``{"samples", "interval_ms", "p50_ms", "p99_ms", "max_ms", "mean_ms", "pid"}``, milliseconds).
+        The probes start at the first call (which returns no samples).
+
+        Args:
+            reset: each actor forgets its samples after reading them (starts a measured window).
+            timeout_s: bound on the wait for the actors' answers, seconds.
+
+        Raises:
+            ray.exceptions.GetTimeoutError: an actor did not answer within ``timeout_s``.
+            ray.exceptions.RayActorError: an actor is dead.
+        """
+        return ray.get([a.loop_lag.remote(reset) for a in self.actors], timeout=timeout_s)

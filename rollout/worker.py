@@ -8,7 +8,9 @@ session. :mod:`rollout.pool` turns it into a Ray actor in one place; tests use i
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,7 +19,7 @@ import aiohttp
 
 from rollout.chat import ChatTemplate, TemplateError
 from rollout.config import EnvConfig, LoggingConfig, PolicyConfig
-from rollout.env.tau2_env import Tau2Domain, Tau2Environment, ToolSandbox
+from rollout.env.tau2_env import Tau2Domain, Tau2Environment
 from rollout.env.user import UserSimulatorError, make_user
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
@@ -41,6 +43,88 @@ def setup_logging(cfg: LoggingConfig) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
+class LoopLagProbe:
+    """Event-loop lag: how late the loop wakes a coroutine that asked to sleep.
+
+    A probe coroutine sleeps ``interval_s`` in a loop and records, each time, how much later than
+    asked it woke (``loop.time()`` after the sleep, minus the time before it, minus
+    ``interval_s``; never below 0). Whatever keeps the loop from running callbacks (a blocking
+    call on the loop, CPU-bound callbacks, a worker thread holding the GIL) shows up as lag. The
+    floor is about 1 ms: the selector's timeout has millisecond resolution.
+
+    Args:
+        interval_s: the probe's sleep, seconds (> 0).
+        max_samples: samples kept; the oldest are dropped beyond it (about 17 minutes at 10 ms).
+
+    Raises:
+        ValueError: ``interval_s <= 0`` or ``max_samples < 1``.
+    """
+
+    def __init__(self, interval_s: float = 0.01, max_samples: int = 100_000) -> None:
+        if interval_s <= 0 or max_samples < 1:
+            raise ValueError(f"LoopLagProbe needs interval_s > 0 and max_samples >= 1, got {interval_s}, {max_samples}")
+        self.interval_s = float(interval_s)
+        self._samples: collections.deque[float] = collections.deque(maxlen=max_samples)
+        self._task: asyncio.Task | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the probe coroutine is running."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the probe on the running event loop (idempotent).
+
+        Raises:
+            RuntimeError: no running event loop in this thread.
+        """
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(self._probe(), name="loop-lag-probe")
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(self.interval_s)
+            self._samples.append(max(0.0, loop.time() - t0 - self.interval_s))
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        """Lag percentiles over the samples since the start or the last reset.
+
+        Args:
+            reset: forget the samples after reading them (the next call covers what follows).
+
+        Returns:
+            ``{"samples": int, "interval_ms": float, "p50_ms", "p99_ms", "max_ms", "mean_ms"}``,
+            milliseconds (nearest-rank percentiles); the four figures are None without samples.
+        """
+        data = sorted(self._samples)
+        if reset:
+            self._samples.clear()
+        n = len(data)
+
+        def pct(q: float) -> float | None:
+            if not n:
+                return None
+            rank = math.ceil(round(q * n, 9))  # nearest rank (rounded: 0.99 * 100 is 99.00000000000001)
+            return round(1e3 * data[min(n, max(1, rank)) - 1], 3)
+
+        return {
+            "samples": n,
+            "interval_ms": round(1e3 * self.interval_s, 3),
+            "p50_ms": pct(0.50),
+            "p99_ms": pct(0.99),
+            "max_ms": round(1e3 * data[-1], 3) if n else None,
+            "mean_ms": round(1e3 * sum(data) / n, 3) if n else None,
+        }
+
+    def stop(self) -> None:
+        """Cancel the probe coroutine (idempotent); the samples are kept."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
 class RolloutWorker:
     """Runs episodes of one tau2 domain against one router.
 
@@ -55,7 +139,8 @@ class RolloutWorker:
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
     abort meanwhile is an interruption, see ``partial_rollout``), :meth:`resume_generation` opens
-    it. :meth:`cancel` ends chosen episodes at once as ``cancelled``.
+    it. :meth:`cancel` ends chosen episodes at once as ``cancelled``. :meth:`loop_lag` reads
+    the actor's event-loop lag (a :class:`LoopLagProbe`, started by its first call).
 
     Raises:
         TemplateError: the tokenizer's chat template cannot give exact delta tokenization.
@@ -92,10 +177,11 @@ class RolloutWorker:
             tool_names=tuple(self.domain.tool_names),
             partial_rollout=partial_rollout,
             stop=tuple(policy_cfg.sampling.stop),
+            tokenize_timeout_s=policy_cfg.tokenize_timeout_s,
         )
         self.max_concurrent_episodes = max_concurrent_episodes
         self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
-        self.sandbox = ToolSandbox(env_cfg.domain, log_level=logging_cfg.tau2_level)
+        self.sandbox = self.domain.new_sandbox(evaluator=env_cfg.evaluator == "tau2", log_level=logging_cfg.tau2_level)
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: SGLangClient | None = None
@@ -103,6 +189,7 @@ class RolloutWorker:
         self._running: dict[str, asyncio.Task] = {}
         self._cancelled: set[str] = set()
         self.episodes_run = 0
+        self.lag_probe = LoopLagProbe()
 
     def _ensure_session(self) -> SGLangClient:
         if self._session is None or self._session.closed:
@@ -186,6 +273,20 @@ class RolloutWorker:
             logger.exception("episode %s crashed", spec.episode_id)
             return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
 
+    async def loop_lag(self, reset: bool = False) -> dict[str, Any]:
+        """This worker's event-loop lag (see :class:`LoopLagProbe`; 10 ms probe sleeps). The
+        probe starts at the first call, so that call returns no samples; call it with
+        ``reset=True`` to start a measured window, and again at its end.
+
+        Args:
+            reset: forget the samples after reading them.
+
+        Returns:
+            :meth:`LoopLagProbe.stats` plus ``"pid"``.
+        """
+        self.lag_probe.start()
+        return {**self.lag_probe.stats(reset=reset), "pid": os.getpid()}
+
     def info(self) -> dict[str, Any]:
         """Identity and state of this worker (for logs and the pool)."""
         return {
@@ -204,12 +305,14 @@ class RolloutWorker:
     async def close(self) -> None:
         """Cancel the episodes still running (their requests are aborted on the servers), then
         close the HTTP session, the sandbox and the thread pool."""
+        self.lag_probe.stop()
         if self._running:
             await self.cancel(list(self._running))
             await asyncio.gather(*self._running.values(), return_exceptions=True)
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self.sandbox.close()
+        self.domain.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -101,3 +101,48 @@ def test_probe_rejects_a_template_without_end_of_turn():
     assert not rep.ok and "EOS" in rep.problems[0]
     with pytest.raises(TemplateError):
         chat.delta_ids([{"role": "user", "content": "x"}])
+
+
+def test_delta_from_probed_affixes_equals_the_rendered_delta(tokenizer, retail, airline):
+    """Per turn, a one-message delta is prefix + content + suffix (no template rendering); it must
+    be exactly what the template renders, for every kind of content an episode appends."""
+    from rollout import bench_turns
+
+    chat = ChatTemplate(tokenizer, retail.tool_schemas)
+    rep = chat.probe()
+    assert rep.verbatim_roles == {"user": True, "tool": True}, rep.summary()
+    contents = ["hi", "  padded \n\n", "\n", "<tool_response>\nx\n</tool_response>", "###STOP###", "Ünïcödé 中文 🎉",
+                "<|im_end|> inside", "{\"a\": [1, 2]}", "line\r\nbreaks\ttabs", "ROLLOUT-DELTA-MARK-5c1e"]
+    for domain in (retail, airline):
+        _, steps = bench_turns.build_conversation(domain, 30)
+        contents += [s.follow["content"] for s in steps]
+    for role in ("user", "tool"):
+        for c in contents:
+            msg = [{"role": role, "content": c}]
+            assert chat.delta_text(msg) == chat._delta_text(msg), (role, c[:40])
+    # What the affixes do not cover is rendered: several messages, blank content, extra keys.
+    two = [{"role": "tool", "content": "a"}, {"role": "user", "content": "b"}]
+    assert chat.delta_text(two) == chat._delta_text(two)
+    assert chat.delta_text([{"role": "user", "content": "   "}]) == chat._delta_text([{"role": "user", "content": "   "}])
+    named = [{"role": "tool", "name": "lookup", "content": "x"}]
+    assert chat.delta_text(named) == chat._delta_text(named)
+    assert chat.decode(chat.delta_ids([{"role": "tool", "content": "ok"}])) == (
+        "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+class _StrippingTemplateTokenizer(_NoEOSTemplateTokenizer):
+    """A template that strips user contents and closes turns with its EOS text."""
+
+    eos_token = "</s>"
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False, **kw):
+        out = "".join(f"[{m['role']}] {m['content'].strip() if m['role'] == 'user' else m['content']}</s>\n" for m in messages)
+        return out + ("[assistant] " if add_generation_prompt else "")
+
+
+def test_a_template_that_does_not_copy_contents_verbatim_is_rendered_every_turn():
+    chat = ChatTemplate(_StrippingTemplateTokenizer())
+    rep = chat.probe()
+    assert rep.ok and rep.verbatim_roles == {"user": False, "tool": True}
+    msg = [{"role": "user", "content": "  padded  "}]
+    assert chat.delta_text(msg) == "\n[user] padded</s>\n[assistant] "

@@ -1,6 +1,7 @@
-"""tau2's evaluator runs in the sandbox process: model output is never evaluated in the actor's
-own process at reward time, a replay that would run for ever is killed within
-``env.reward_timeout_s`` (eval_error), and rewards are the ones tau2 computes in-process."""
+"""With ``env.evaluator: tau2`` (the reference path), tau2's evaluator runs in the sandbox
+process: model output is never evaluated in the actor's own process at reward time, a replay
+that would run for ever is killed within ``env.reward_timeout_s`` (eval_error), and rewards are
+the ones tau2 computes in-process."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def airline_sandbox():
 
 
 def _env(domain, sandbox, task_id, **cfg) -> Tau2Environment:
-    env_cfg = EnvConfig(domain=domain.name, **cfg)
+    env_cfg = EnvConfig(domain=domain.name, **{"evaluator": "tau2", **cfg})
     return Tau2Environment(domain, ScriptedUser(domain.tasks[task_id]), env_cfg, sandbox=sandbox)
 
 
@@ -188,7 +189,8 @@ async def test_runaway_replay_in_a_real_episode_is_eval_error(tokenizer):
         return [call("calculate", expression="9**9**7"), ("Done.", "eos")][min(step, 1)]
 
     async with ScriptedPolicyServer(tokenizer, script) as server:
-        cfg = load_config(None, [f"policy.router_url={server.url}", "env.step_timeout_s=60", "env.reward_timeout_s=1.0", "env.max_steps=4"])
+        cfg = load_config(None, [f"policy.router_url={server.url}", "env.step_timeout_s=60", "env.reward_timeout_s=1.0", "env.max_steps=4",
+                                 "env.evaluator=tau2"])
         worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=2)
         worker.sandbox._ensure()
         try:

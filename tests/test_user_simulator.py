@@ -335,3 +335,39 @@ async def test_check_falls_back_to_a_chat_completion_when_models_is_404(key):
 async def test_check_without_a_key_variable_against_an_open_endpoint():
     async with FakeOpenAI() as srv:
         await check_user_simulator(dataclasses.replace(_cfg(srv.url), api_key_env=None))
+
+
+# -- nothing on the event loop ----------------------------------------------------------------------
+async def test_guidelines_are_read_once_per_process_and_never_on_the_event_loop(task, key, monkeypatch):
+    """tau2's guidelines file is read by one thread, once, whatever the number of episodes; the
+    constructor (run on the actor's loop for every episode) reads nothing."""
+    import threading
+
+    import tau2.user.user_simulator as tau2_user
+
+    import rollout.env.user as user_mod
+
+    reads: list[int] = []  # thread ids of the reads of tau2's guidelines
+    real = tau2_user.get_global_user_sim_guidelines
+
+    def counting(*args, **kwargs):
+        reads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tau2_user, "get_global_user_sim_guidelines", counting)
+    monkeypatch.setattr(user_mod, "_PROMPT_PARTS", None)  # as in a fresh process
+    loop_thread = threading.get_ident()
+    async with FakeOpenAI() as srv:
+        users = [LLMUser(task, _cfg(srv.url)) for _ in range(5)]
+        assert reads == [] and all(u.history == [] for u in users)
+        openings = await asyncio.gather(*[u.start() for u in users])
+        more = LLMUser(task, _cfg(srv.url))
+        await more.start()
+    assert openings == ["user reply 2"] * 5
+    assert len(reads) == 1 and reads[0] != loop_thread
+    guidelines = real(use_tools=False)
+    for u in [*users, more]:
+        system = u.history[0]
+        assert system["role"] == "system" and guidelines in system["content"]
+        assert str(task.user_scenario) in system["content"]
+    assert srv.requests[0]["messages"][0] == users[0].history[0]  # what the endpoint got

@@ -1,6 +1,6 @@
 """tau2-bench environments behind the seed's interface.
 
-``Tau2Domain`` loads one domain's tasks, policy and tool schemas once per actor.
+``Tau2Domain`` loads one domain's tasks, policy, tool schemas and database once per actor.
 ``Tau2Environment`` is one episode's environment, with the seed's shape made async:
 ``reset(task_id) -> (observation, info)`` and ``step(action) -> (observation, reward, done, info)``.
 
@@ -8,28 +8,39 @@
 * A respond action (plain text) goes to the user simulator and returns the user's reply.
 * The episode ends when the user stops (``###STOP###``) or is transferred, when the agent calls
   ``transfer_to_human_agents`` or says ``###STOP###``; the caller enforces max steps.
-* At the end the reward comes from tau2's own evaluator (``evaluate_simulation`` with
-  ``EvaluationType.ALL``; 0.3 s to 0.7 s per episode on a 2-core machine, run off the event loop).
+* At the end the reward is tau2's ``evaluate_simulation`` (``EvaluationType.ALL``) reward,
+  computed by ``env.evaluator``:
 
-Nothing blocks the event loop: building an environment, tool calls and evaluation run in threads
-or in the sandbox process, each with a timeout. No model output is evaluated in the actor's own
-process, at step time or at reward time:
+  - ``fast`` (default, :mod:`rollout.env.fast`): the episode's environment is a copy-on-write
+    view of the actor's database (microseconds to build, kilobytes per episode) and the reward is
+    computed from it and a per-task gold state, with nothing rebuilt or replayed (about 1.5 ms);
+    equal to tau2's reward and breakdown on every task of airline and retail
+    (``tests/test_fast_reward.py``, ``python -m rollout.bench env``).
+  - ``tau2`` (the reference): a fresh tau2 environment per episode (50-250 ms), and tau2's own
+    evaluator, which rebuilds two environments and replays the trajectory (0.3-0.7 s).
+
+Nothing blocks the event loop: tool calls and rewards run in threads or in the sandbox process,
+each with a timeout that counts from when it starts running (database tools have their own
+threads, so they never queue behind seconds-long work; one that cannot start is an
+``env_error``, not the policy's ``tool_timeout``). No model output is evaluated in the actor's
+own process, at step time or at reward time:
 
 * Tools that touch no database (tau2's ``GENERIC`` and ``THINK`` tools, e.g. ``calculate``, which
   evaluates its argument with Python's ``eval``) run in a separate sandbox process that is killed
   when a call outlives ``env.step_timeout_s``: a pathological expression such as ``9**9**9**9``
   cannot hang the actor. Read and write tools are dictionary look-ups and updates on the
-  episode's own database and run in a thread.
-* tau2's evaluator replays the whole trajectory, ``calculate`` calls included, in environments
-  it builds itself. It runs in the same sandbox process (the very same tau2 code, so the reward
-  is the one tau2 gives), bounded by ``env.reward_timeout_s``: past it the process is killed and
-  the episode ends as ``eval_error``. Without a sandbox (``sandbox=None``, tests and tools only)
-  it runs in a thread of the caller's process, without a hard bound.
+  episode's own database.
+* The fast reward replays nothing. tau2's evaluator (``env.evaluator: tau2``) replays the whole
+  trajectory, ``calculate`` calls included: it runs in the sandbox process, bounded by
+  ``env.reward_timeout_s`` (past it the process is killed and the episode ends as
+  ``eval_error``). Without a sandbox (``sandbox=None``, tests and tools only) it runs in a thread
+  of the caller's process, without a hard bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import multiprocessing as mp
 import os
@@ -38,18 +49,18 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.config import EnvConfig
+from rollout.env.fast import PURE_TOOL_TYPES, FastPath
 from rollout.env.user import STOP, UserSimulator
 
 logger = logging.getLogger(__name__)
 
 TRANSFER_TOOL = "transfer_to_human_agents"
 RESPOND = "respond"
-_PURE_TOOL_TYPES = ("generic", "think")
 
 
 class EnvironmentStepError(RuntimeError):
@@ -78,6 +89,55 @@ def _import_tau2(log_level: str | None = None) -> None:
         loguru_logger.remove()
         loguru_logger.add(sys.stderr, level=log_level.upper())
         _import_tau2._level = log_level  # type: ignore[attr-defined]
+
+
+_CONSTANTS: dict[tuple[str, str], str] = {}
+
+
+def _literal_constants(module: str, names: tuple[str, ...]) -> dict[str, str]:
+    """Module-level string constants of ``module`` (string literals, optionally ``.strip()``-ed), read from its source without
+    importing it: importing ``tau2.agent.llm_agent`` for its prompt constants would pull in
+    litellm (about 145 MB resident per actor). Falls back to importing the module when a
+    constant is not a plain literal. Cached per process.
+
+    Raises:
+        ImportError: the module cannot be found.
+    """
+    if all((module, n) in _CONSTANTS for n in names):
+        return {n: _CONSTANTS[(module, n)] for n in names}
+    import ast
+
+    # The file from the top package's folder: find_spec would import the parent packages, and
+    # tau2.agent's __init__ imports the module itself.
+    parts = module.split(".")
+    top = importlib.import_module(parts[0])
+    path = os.path.join(os.path.dirname(top.__file__), *parts[1:]) + ".py"
+    found: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except OSError:
+        tree = ast.Module(body=[], type_ignores=[])
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names:
+            expr, strip = node.value, None
+            if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("strip", "lstrip", "rstrip")
+                    and not expr.args and not expr.keywords):  # """...""".strip()
+                expr, strip = expr.func.value, expr.func.attr
+            try:
+                value = ast.literal_eval(expr)
+            except ValueError:
+                continue
+            if isinstance(value, str) and strip is not None:
+                value = getattr(value, strip)()
+            if isinstance(value, str):
+                found[node.targets[0].id] = value  # the last assignment wins, as on import
+    if set(found) != set(names):
+        mod = importlib.import_module(module)
+        found = {n: getattr(mod, n) for n in names}
+    for n, v in found.items():
+        _CONSTANTS[(module, n)] = v
+    return found
 
 
 def _domain_module(domain: str):
@@ -133,13 +193,37 @@ class Tau2Domain:
         self.tool_schemas: list[dict] = [t.openai_schema for t in env.get_tools()]
         self.tool_names: list[str] = [s["function"]["name"] for s in self.tool_schemas]
         self.tool_types: dict[str, str] = {k: v.value for k, v in get_tool_types(env.tools).items()}
+        # The fast path's shared database is this environment's (parsed once per actor).
+        self.fast = FastPath(name, env, self.tool_types)
+        self._tool_executor: ThreadPoolExecutor | None = None
+
+    @property
+    def tool_executor(self) -> ThreadPoolExecutor:
+        """Threads for database tool calls only (microseconds to milliseconds each), so that they
+        never queue behind environment builds, rewards or tokenization in the actor's main pool."""
+        if self._tool_executor is None:
+            self._tool_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{self.name}-db-tools")
+        return self._tool_executor
+
+    def close(self) -> None:
+        """Stop the database tool threads (idempotent)."""
+        if self._tool_executor is not None:
+            self._tool_executor.shutdown(wait=False, cancel_futures=True)
+            self._tool_executor = None
 
     @property
     def system_prompt(self) -> str:
         """The agent's system prompt: tau2's own agent instruction and the domain policy."""
-        from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT
+        consts = _literal_constants("tau2.agent.llm_agent", ("AGENT_INSTRUCTION", "SYSTEM_PROMPT"))
+        return consts["SYSTEM_PROMPT"].format(agent_instruction=consts["AGENT_INSTRUCTION"], domain_policy=self.policy)
 
-        return SYSTEM_PROMPT.format(agent_instruction=AGENT_INSTRUCTION, domain_policy=self.policy)
+    def new_sandbox(self, evaluator: bool, log_level: str = "ERROR", startup_timeout_s: float = 120.0) -> ToolSandbox:
+        """The actor's :class:`ToolSandbox` for this domain: on the fast path it runs
+        database-free tools on the toolkit alone (no database in the child), and loads tau2's
+        evaluator only when ``evaluator`` (``env.evaluator: tau2``) or when first needed."""
+        tools = self.fast.tools_class if self.fast.enabled else None
+        return ToolSandbox(self.name, startup_timeout_s=startup_timeout_s, log_level=log_level,
+                           tools_class=f"{tools.__module__}:{tools.__qualname__}" if tools is not None else None, evaluator=evaluator)
 
     def task_ids(self, split: str, ids: list[str] | None = None) -> list[str]:
         """Task ids of ``split`` (tau2 order), or ``ids`` checked against the domain.
@@ -214,7 +298,8 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
 
 
 # -- sandbox for tools that touch no database, and for evaluation ----------------------------------
-def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = None) -> None:  # runs in the child process
+def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = None, tools_class: str | None = None,
+                  with_evaluator: bool = True) -> None:  # runs in the child process
     from rollout.fate import set_parent_death_signal, share_fate
 
     # Die with the actor, even when it is SIGKILLed and even in the middle of a runaway eval that
@@ -223,10 +308,18 @@ def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = No
     set_parent_death_signal(signal.SIGKILL)
     share_fate(parent_pid, on_parent_death=lambda: os._exit(1))
     _import_tau2(log_level)
-    mod = _domain_module(domain)
-    env = mod.get_environment()
+    if tools_class is None:
+        env = _domain_module(domain).get_environment()
+    else:
+        # Database-free tools need no database (35 MB for airline): the toolkit class alone.
+        from tau2.environment.environment import Environment
+
+        module, _, qualname = tools_class.partition(":")
+        env = Environment(domain_name=domain, policy="", tools=getattr(importlib.import_module(module), qualname)(None))
     from tau2.data_model.message import ToolCall
-    from tau2.evaluator import evaluator  # noqa: F401  (imported now, not in the first evaluation)
+
+    if with_evaluator:  # imported now, not in the first evaluation (it pulls in litellm: 110 MB)
+        from tau2.evaluator import evaluator  # noqa: F401
 
     conn.send("ready")
     while True:
@@ -242,11 +335,19 @@ def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = No
                 reply = ("ok", (msg.content, msg.error))
             elif op == "evaluate":
                 reply = ("ok", evaluate_run(domain=domain, **request[1]))
+            elif op == "load_evaluator":
+                from tau2.evaluator import evaluator  # noqa: F401,F811
+
+                reply = ("ok", None)
             else:
                 raise ValueError(f"unknown sandbox request {op!r}")
         except Exception as e:
             reply = ("exc", f"{type(e).__name__}: {e}"[:2000])
         conn.send(reply)
+
+
+class _QueuedTooLong(Exception):
+    """A call waited too long for a thread without starting (args: seconds waited)."""
 
 
 class _SandboxTimeout(Exception):
@@ -268,12 +369,22 @@ class ToolSandbox:
         domain: tau2 domain name; the child loads that domain's environment.
         startup_timeout_s: bound on the child's start-up (a tau2 import, 1-3 s).
         log_level: loguru level for tau2's logs in the child.
+        tools_class: ``"module:QualName"`` of the domain's toolkit class: the child then runs
+            database-free tools on that toolkit alone, without loading the database; None: on a
+            full ``get_environment()``.
+        evaluator: import tau2's evaluator at start (it pulls in litellm, about 110 MB); without
+            it, the first :meth:`evaluate` loads it (that load is bounded by
+            ``startup_timeout_s``, not by the evaluation's timeout).
     """
 
-    def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR"):
+    def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR", tools_class: str | None = None,
+                 evaluator: bool = True):
         self.domain = domain
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
+        self.tools_class = tools_class
+        self.with_evaluator = evaluator
+        self._evaluator_loaded = False
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
@@ -295,8 +406,9 @@ class ToolSandbox:
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level, os.getpid()), daemon=True,
-                                       name=f"tool-sandbox-{self.domain}")
+        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level, os.getpid(), self.tools_class, self.with_evaluator),
+                                       daemon=True, name=f"tool-sandbox-{self.domain}")
+        self._evaluator_loaded = self.with_evaluator
         self._proc.start()
         child.close()
         self._conn = parent
@@ -380,6 +492,14 @@ class ToolSandbox:
                 the child, or the child did not start or died.
         """
         payload = {"task": task, "messages": list(messages), "termination": termination, "start_time": start_time, "end_time": end_time}
+        if not self._evaluator_loaded:
+            try:
+                self._request(("load_evaluator",), self.startup_timeout_s)
+            except _SandboxTimeout:
+                raise RewardError(f"loading tau2's evaluator in the sandbox took over {self.startup_timeout_s:.0f}s") from None
+            except RuntimeError as e:
+                raise RewardError(f"loading tau2's evaluator in the sandbox failed: {e}") from None
+            self._evaluator_loaded = True
         t0 = time.monotonic()
         try:
             reward, info = self._request(("evaluate", payload), timeout_s)
@@ -420,14 +540,50 @@ class Tau2Environment:
         self.sandbox = sandbox
         self.task = None
         self._env = None
+        self.fast = False  # this episode takes the fast path (set by reset)
         self.messages: list[Any] = []  # tau2 messages, for tau2's evaluator
         self.termination: str | None = None
         self._start = 0.0
         self.timings = {"env_s": 0.0, "tool_s": 0.0, "user_s": 0.0, "reward_s": 0.0}
 
-    async def _in_thread(self, fn, *args, timeout: float):
+    async def _bounded(self, executor: Executor | None, fn, *args, timeout: float, queue_timeout: float | None = None):
+        """Run ``fn(*args)`` in ``executor`` and wait for it; ``timeout`` counts from when it
+        starts running, not from when it was queued.
+
+        Raises:
+            asyncio.TimeoutError: it ran longer than ``timeout`` seconds (it cannot be stopped:
+                the thread finishes on its own).
+            _QueuedTooLong: it waited ``queue_timeout`` seconds (default ``timeout``) for a thread
+                without starting (it is cancelled): a busy actor, not the call's fault.
+        """
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self.executor, fn, *args), timeout=timeout)
+        started: list[float] = []
+
+        def run():
+            started.append(time.monotonic())
+            return fn(*args)
+
+        fut = loop.run_in_executor(executor, run)
+        queued_at = time.monotonic()
+        queue_timeout = timeout if queue_timeout is None else queue_timeout
+        while True:
+            now = time.monotonic()
+            if started:
+                wait = started[0] + timeout - now
+                if wait <= 0:
+                    raise asyncio.TimeoutError()
+            else:
+                waited = now - queued_at
+                if waited >= queue_timeout:
+                    fut.cancel()
+                    raise _QueuedTooLong(waited)
+                wait = min(queue_timeout - waited, timeout)
+            done, _ = await asyncio.wait({fut}, timeout=wait)
+            if done:
+                return fut.result()
+
+    async def _in_thread(self, fn, *args, timeout: float):
+        return await self._bounded(self.executor, fn, *args, timeout=timeout)
 
     async def reset(self, task_id: str) -> tuple[str, dict[str, Any]]:
         """Start the episode on ``task_id``.
@@ -443,9 +599,13 @@ class Tau2Environment:
         self.task = self.domain.tasks[str(task_id)]
         self._start = time.time()
         t0 = time.monotonic()
+        self.fast = self.cfg.evaluator == "fast" and self.domain.fast.supports(self.task)
         try:
-            self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
-        except asyncio.TimeoutError:
+            if self.fast:  # a view of the actor's database: microseconds, on the loop
+                self._env = self.domain.fast.new_environment(self.task)
+            else:
+                self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
+        except (asyncio.TimeoutError, _QueuedTooLong):
             raise EnvironmentStepError(f"building the {self.domain.name} environment took over {self.cfg.step_timeout_s}s") from None
         except Exception as e:
             raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
@@ -457,6 +617,7 @@ class Tau2Environment:
         return opening, {"task_id": self.task.id, "domain": self.domain.name}
 
     def _build_env(self):
+        """tau2's path: a fresh environment with its own database, in the task's initial state."""
         env = self.domain.new_environment()
         st = self.task.initial_state
         if st is not None and (st.initialization_data or st.initialization_actions or st.message_history):
@@ -507,17 +668,23 @@ class Tau2Environment:
         return content, 0.0, False, info
 
     async def _run_tool(self, call) -> tuple[str, bool]:
+        """Run one tool call: database-free tools in the sandbox, database tools in the domain's
+        own tool threads. Only time spent running counts against ``env.step_timeout_s``: a call
+        that cannot even start (a busy actor) is an :class:`EnvironmentStepError`, never a
+        ``tool_timeout`` (which is trained as the policy's failure)."""
         timeout = self.cfg.step_timeout_s
-        pure = self.domain.tool_types.get(call.name) in _PURE_TOOL_TYPES
+        pure = self.domain.tool_types.get(call.name) in PURE_TOOL_TYPES
         try:
             if pure and self.sandbox is not None:
                 # The thread returns by itself once the sandbox answers or is killed.
                 budget = timeout + self.sandbox.startup_timeout_s + 5.0
                 return await self._in_thread(self.sandbox.call, call.name, call.arguments, timeout, timeout=budget)
-            msg = await self._in_thread(self._env.get_response, call, timeout=timeout)
+            msg = await self._bounded(self.domain.tool_executor, self._env.get_response, call, timeout=timeout)
             return msg.content, bool(msg.error)
         except asyncio.TimeoutError:
             raise ToolTimeoutError(f"tool {call.name!r} ran longer than {timeout}s") from None
+        except _QueuedTooLong as e:
+            raise EnvironmentStepError(f"tool {call.name!r} waited {e.args[0]:.1f}s for a thread without starting (actor overloaded)") from None
         except (ToolTimeoutError, EnvironmentStepError):
             raise
         except Exception as e:
@@ -551,10 +718,18 @@ class Tau2Environment:
         if termination not in _TERMINATIONS:
             raise RewardError(f"tau2 evaluation: unknown termination {termination!r}")
         timeout = self.cfg.reward_timeout_s
+        if self.fast:
+            # Nothing is replayed: no model output is evaluated here (see rollout.env.fast).
+            try:
+                return await self._in_thread(self.domain.fast.evaluate, self.task, self._env, list(self.messages), timeout=timeout)
+            except (asyncio.TimeoutError, _QueuedTooLong):
+                raise RewardError(f"the reward took over {timeout}s") from None
+            except Exception as e:
+                raise RewardError(f"the reward failed: {e!r}") from e
         if self.sandbox is None:
             try:
                 return await self._in_thread(self._evaluate_sync, termination, timeout=timeout)
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, _QueuedTooLong):
                 raise RewardError(f"tau2 evaluation took over {timeout}s") from None
             except Exception as e:
                 raise RewardError(f"tau2 evaluation failed: {e!r}") from e
@@ -565,7 +740,7 @@ class Tau2Environment:
         args = (self.task, list(self.messages), termination, self._start, time.time(), timeout)
         try:
             return await self._in_thread(self.sandbox.evaluate, *args, timeout=budget)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, _QueuedTooLong):
             raise RewardError(f"tau2 evaluation took over {budget:.0f}s (sandbox busy or not starting)") from None
         except RewardError:
             raise

@@ -111,30 +111,55 @@ class ScriptedUser:
 
 
 # -- helpers shared by LLMUser and check_user_simulator -------------------------------------------
-_GUIDELINES: str | None = None
-_GUIDELINES_LOCK = threading.Lock()
+_PROMPT_PARTS: tuple[str, str] | None = None  # (tau2's user SYSTEM_PROMPT, its guidelines)
+_PROMPT_LOCK = threading.Lock()
 
 
-def _user_sim_guidelines() -> str:
-    """tau2's user-simulator guidelines (a file of tau2's), read once per process and cached."""
-    global _GUIDELINES
-    if _GUIDELINES is None:
-        with _GUIDELINES_LOCK:
-            if _GUIDELINES is None:
-                from tau2.user.user_simulator import get_global_user_sim_guidelines
+def user_prompt_parts() -> tuple[str, str]:
+    """tau2's user-simulator system prompt template and its guidelines (a file of tau2's), read
+    once per process and cached. Blocking the first time (it imports ``tau2.user.user_simulator``
+    and reads the file): call it in a thread, as :class:`LLMUser` does, or at start-up.
 
-                _GUIDELINES = get_global_user_sim_guidelines(use_tools=False)
-    return _GUIDELINES
+    Returns:
+        ``(system_prompt_template, guidelines)``; the template has the fields
+        ``global_user_sim_guidelines`` and ``instructions``.
+    """
+    global _PROMPT_PARTS
+    if _PROMPT_PARTS is None:
+        with _PROMPT_LOCK:
+            if _PROMPT_PARTS is None:
+                from tau2.user.user_simulator import SYSTEM_PROMPT, get_global_user_sim_guidelines
+
+                _PROMPT_PARTS = (SYSTEM_PROMPT, get_global_user_sim_guidelines(use_tools=False))
+    return _PROMPT_PARTS
+
+
+_LITELLM: Any = None  # the module once fully imported (another thread may be importing it)
 
 
 def _import_litellm():
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    """litellm, imported once (about 2 s and 100 MB the first time: call it in a thread then)."""
+    global _LITELLM
+    if _LITELLM is None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
 
-    # litellm prints a "Give Feedback / Get Help" banner on stdout for every exception; our own
-    # WARNING per retry says what happened.
-    litellm.suppress_debug_info = True
-    return litellm
+        # litellm prints a "Give Feedback / Get Help" banner on stdout for every exception; our
+        # own WARNING per retry says what happened.
+        litellm.suppress_debug_info = True
+        _LITELLM = litellm
+    return _LITELLM
+
+
+async def _litellm_off_loop(timeout_s: float):
+    """:func:`_import_litellm` in a thread the first time (bounded by ``timeout_s``), at once after.
+
+    Raises:
+        asyncio.TimeoutError: the import took over ``timeout_s``.
+    """
+    if _LITELLM is not None:
+        return _LITELLM
+    return await asyncio.wait_for(asyncio.to_thread(_import_litellm), timeout_s)
 
 
 def _api_key(cfg: UserConfig) -> str:
@@ -307,22 +332,49 @@ class LLMUser:
     ``cfg.max_retries`` times (so one turn takes at most about ``(max_retries + 1) * timeout_s``
     plus the waits). The history gets the agent's message and the answer only once the call
     succeeded, so retries never duplicate a message.
+
+    Nothing here blocks the event loop: the constructor reads no file, and the system prompt
+    (tau2's guidelines, read once per process by :func:`user_prompt_parts`) and the first import
+    of litellm are done in a thread, bounded by ``cfg.timeout_s``, before the first call.
     """
 
     def __init__(self, task: Any, cfg: UserConfig, seed: int = 0):
         if not cfg.base_url or not cfg.model:
             raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
-        from tau2.user.user_simulator import SYSTEM_PROMPT
-
         self.cfg = cfg
         self.seed = seed
         self.api_key = _api_key(cfg)
         self.calls = 0  # endpoint calls made, retries included
         self.retries = 0
         self._rng = random.Random()
-        system = SYSTEM_PROMPT.format(global_user_sim_guidelines=_user_sim_guidelines(), instructions=str(task.user_scenario))
-        # Roles are flipped: the simulator is the "assistant", the agent speaks as "user".
-        self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
+        self._instructions = str(task.user_scenario)
+        # Roles are flipped: the simulator is the "assistant", the agent speaks as "user". The
+        # system prompt is put first by _prepare, before the first call.
+        self.history: list[dict[str, str]] = []
+
+    async def _prepare(self) -> None:
+        """Put the system prompt first in the history and import litellm, off the event loop.
+
+        Raises:
+            UserSimulatorError: reading tau2's guidelines or importing litellm failed or took over
+                ``cfg.timeout_s``.
+        """
+        if self.history and _LITELLM is not None:
+            return
+
+        def load() -> str:
+            template, guidelines = user_prompt_parts()
+            _import_litellm()
+            return template.format(global_user_sim_guidelines=guidelines, instructions=self._instructions)
+
+        try:
+            system = await asyncio.wait_for(asyncio.to_thread(load), self.cfg.timeout_s)
+        except asyncio.TimeoutError:
+            raise UserSimulatorError(f"loading tau2's user-simulator prompt and litellm took over {self.cfg.timeout_s:g}s") from None
+        except Exception as e:
+            raise UserSimulatorError(f"cannot load tau2's user-simulator prompt or litellm: {_one_line(repr(e))}") from None
+        if not self.history:
+            self.history = [{"role": "system", "content": system}]
 
     async def _call_once(self, messages: list[dict[str, str]]) -> str:
         litellm = _import_litellm()
@@ -348,6 +400,7 @@ class LLMUser:
         return text
 
     async def _complete(self, agent_text: str) -> str:
+        await self._prepare()
         messages = [*self.history, {"role": "user", "content": agent_text}]
         attempts = self.cfg.max_retries + 1
         for attempt in range(1, attempts + 1):
@@ -466,7 +519,10 @@ async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None
 
 async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, why: str) -> None:
     """A one-token chat completion; raises UserSimulatorError (one line) when it fails."""
-    litellm = _import_litellm()
+    try:
+        litellm = await _litellm_off_loop(max(timeout_s, 60.0))
+    except asyncio.TimeoutError:
+        raise UserSimulatorError("importing litellm took over a minute") from None
     try:
         await asyncio.wait_for(
             litellm.acompletion(

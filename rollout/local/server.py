@@ -70,6 +70,15 @@ Stop semantics (checked after every sampled token, in this order, as SGLang does
 
 A backend generator that ends by itself gives ``{"type": "stop", "matched": null}``.
 
+Injected latency (``--generate-latency-s L``, ``local.generate_latency_s``; default 0): every
+admitted /generate request first waits ``L`` seconds, as if a GPU server were generating, then
+steps. The wait is an ``asyncio`` sleep on the server's event loop: it holds neither the
+one-step-at-a-time lock nor a generation thread, so any number of requests wait at once (1024
+concurrent requests with ``L = 1`` all answer after about 1 s, plus their steps). An abort (or a
+pause in ``abort`` mode) during the wait answers at once with ``finish_reason.type == "abort"``
+and no tokens; a pause in place lets the wait end and holds the first step. Used by
+``python -m rollout.bench pool``.
+
 API keys (as SGLang's ``--api-key`` / ``--admin-api-key``, ``sglang.srt.utils.auth``):
 
 * The keys are read from environment variables named by ``--api-key-env`` and
@@ -380,6 +389,11 @@ class LocalSGLangServer:
             ``"default"``), reported in every ``/generate`` answer.
         api_key: required on every endpoint but health checks (SGLang's ``--api-key``); None: open.
         admin_api_key: required on :data:`ADMIN_PATHS` (SGLang's ``--admin-api-key``).
+        generate_latency_s: seconds every admitted /generate request waits on the event loop
+            before its first step (see the module docstring); 0.0: none.
+
+    Raises:
+        ValueError: ``generate_latency_s`` is negative.
     """
 
     def __init__(
@@ -394,7 +408,11 @@ class LocalSGLangServer:
         weight_version: str = DEFAULT_WEIGHT_VERSION,
         api_key: str | None = None,
         admin_api_key: str | None = None,
+        generate_latency_s: float = 0.0,
     ) -> None:
+        if generate_latency_s < 0:
+            raise ValueError(f"generate_latency_s must be >= 0 seconds, got {generate_latency_s}")
+        self.generate_latency_s = float(generate_latency_s)
         self.backend = backend
         self._api_key = api_key or None
         self._admin_api_key = admin_api_key or None
@@ -671,6 +689,19 @@ class LocalSGLangServer:
 
     async def _generate_admitted(self, state: _InFlight, input_ids: list[int], params: SamplingParams,
                                  return_logprob: bool) -> web.Response:
+        if self.generate_latency_s > 0:
+            # The injected latency: a sleep on the event loop (no thread, no step lock), cut
+            # short by an abort.
+            try:
+                await asyncio.wait_for(asyncio.shield(state.abort_future), self.generate_latency_s)
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:  # client went away
+                self._abort([state], "client disconnected")
+                raise
+            if state.aborted:
+                finish = {"type": "abort", "message": state.abort_message or "aborted"}
+                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.executor, self._run, state, input_ids, params)
         # An aborted request returns before its worker ends; retrieve the worker's exception
@@ -1005,6 +1036,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="require the API key held by this environment variable (SGLang's --api-key; never in argv)")
     p.add_argument("--admin-api-key-env", default=None, metavar="NAME",
                    help="require the admin key held by this environment variable on admin endpoints (SGLang's --admin-api-key)")
+    p.add_argument("--generate-latency-s", type=float, default=0.0, metavar="S",
+                   help="seconds every /generate waits (asyncio sleep, no thread or step lock held) before generating")
     p.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the parent) is gone")
     p.add_argument("--pdeathsig", action="store_true",
                    help="Linux: SIGTERM when the parent thread exits (prctl PR_SET_PDEATHSIG)")
@@ -1029,6 +1062,8 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry point: load the tokenizer and backend, then serve until SIGINT/SIGTERM (or the
     parent named by ``--parent-pid`` is gone)."""
     args = _parse_args(argv)
+    if args.generate_latency_s < 0:
+        raise SystemExit(f"rollout.local.server: --generate-latency-s must be >= 0, got {args.generate_latency_s}")
     if args.pdeathsig or args.parent_pid is not None:
         from rollout.local.stack import share_fate
 
@@ -1055,6 +1090,7 @@ def main(argv: list[str] | None = None) -> None:
     server = LocalSGLangServer(
         backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
         weight_version=args.weight_version, api_key=api_key, admin_api_key=admin_api_key,
+        generate_latency_s=args.generate_latency_s,
     )
     app = server.make_app()
     if api_key or admin_api_key:

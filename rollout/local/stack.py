@@ -253,7 +253,8 @@ class LocalStack:
     Args:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
-            ``--weight-version``, ``tiny`` model config).
+            ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``tiny``
+            model config).
         domain: tau2 domain the gold-replay servers index (``retail``, ``airline``).
         tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
             resolved path; a hub id makes it download).
@@ -420,6 +421,7 @@ class LocalStack:
                 "--backend", local.backend, "--domain", self.domain,
                 "--tokenizer", self.tokenizer, "--tiny-config", tiny_json,
                 "--weight-version", str(local.weight_version),
+                "--generate-latency-s", repr(float(local.generate_latency_s)),
                 *key_args, *self._fate_args(),
             ]
             self._servers.append(self._spawn(f"server-{i}", cmd))

@@ -1,0 +1,234 @@
+"""``python -m rollout.bench pool``: the local server's injected latency, the actors' event-loop lag
+probe, the row arithmetic, and one tiny end-to-end run of the bench."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import pytest
+from inprocess import serve
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from rollout.local.backend_api import SamplingParams
+from rollout.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("builtin:qwen3")
+
+
+class CountingBackend:
+    """Yields tokens 100, 101, ... with log-prob -0.5, at once (no sleep)."""
+
+    name = "counting"
+
+    def generate(self, input_ids, params: SamplingParams):
+        i = 0
+        while True:
+            yield 100 + i, -0.5
+            i += 1
+
+    def chat(self, messages, params):
+        return "ok"
+
+
+def _body(rid: str, n: int = 3) -> dict:
+    return {"input_ids": [1, 2, 3], "rid": rid, "return_logprob": True, "sampling_params": {"max_new_tokens": n, "temperature": 0.0}}
+
+
+async def _post(session, url: str, path: str, body: dict) -> dict:
+    async with session.post(url + path, json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+# --------------------------------------------------------------------------- injected latency
+async def test_concurrent_generate_calls_wait_the_latency_together(tok):
+    n, latency = 32, 0.4
+    # two generation threads: a latency that held a thread would take n / 2 x latency
+    async with serve(CountingBackend(), tok, max_workers=2, generate_latency_s=latency) as (url, s):
+        t0 = time.monotonic()
+
+        async def one(i: int) -> tuple[dict, float]:
+            out = await _post(s, url, "/generate", _body(f"r{i}"))
+            return out, time.monotonic() - t0
+
+        answers = await asyncio.gather(*[one(i) for i in range(n)])
+        wall = time.monotonic() - t0
+    assert all(out["output_ids"] == [100, 101, 102] for out, _ in answers)
+    assert all(out["meta_info"]["finish_reason"] == {"type": "length", "length": 3} for out, _ in answers)
+    assert min(t for _, t in answers) >= latency * 0.95, "every call waits the injected latency"
+    assert wall < 2.5 * latency, f"{n} calls took {wall:.2f}s: they waited one after another, not together"
+
+
+async def test_zero_latency_changes_nothing(tok):
+    async with serve(CountingBackend(), tok) as (url, s):
+        plain = await _post(s, url, "/generate", _body("same", 5))
+    async with serve(CountingBackend(), tok, generate_latency_s=0.0) as (url, s):
+        t0 = time.monotonic()
+        zero = await _post(s, url, "/generate", _body("same", 5))
+        took = time.monotonic() - t0
+    assert zero == plain
+    assert took < 0.5
+
+
+async def test_abort_during_the_latency_answers_at_once(tok):
+    async with serve(CountingBackend(), tok, generate_latency_s=5.0) as (url, s):
+        t0 = time.monotonic()
+        call = asyncio.ensure_future(_post(s, url, "/generate", _body("slow")))
+        await asyncio.sleep(0.2)
+        assert (await _post(s, url, "/abort_request", {"rid": "slow"}))["aborted"] == 1
+        out = await call
+    assert time.monotonic() - t0 < 2.0
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["output_ids"] == []
+
+
+def test_negative_latency_is_refused(tok):
+    from rollout.config import ConfigError, load_config
+    from rollout.local.server import LocalSGLangServer
+
+    with pytest.raises(ConfigError, match="local.generate_latency_s"):
+        load_config(None, ["local.generate_latency_s=-1"])
+    assert load_config(None, ["local.generate_latency_s=1.5"]).local.generate_latency_s == 1.5
+    with pytest.raises(ValueError, match="generate_latency_s"):
+        LocalSGLangServer(CountingBackend(), tok, generate_latency_s=-0.1)
+
+
+# --------------------------------------------------------------------------- loop-lag probe
+async def test_loop_lag_probe_sees_a_blocked_loop():
+    from rollout.worker import LoopLagProbe, RolloutWorker
+
+    # RolloutWorker.loop_lag only needs the probe: no tokenizer, tau2 or router here
+    worker = RolloutWorker.__new__(RolloutWorker)
+    worker.lag_probe = LoopLagProbe(interval_s=0.005)
+    first = await worker.loop_lag()  # starts the probe
+    assert first["samples"] == 0 and first["p99_ms"] is None and first["pid"] == os.getpid()
+    await asyncio.sleep(0.3)
+    calm = await worker.loop_lag(reset=True)
+    assert calm["samples"] >= 10
+    assert calm["p50_ms"] < 50, calm  # generous: the machine may be busy
+    time.sleep(0.25)  # block the event loop
+    await asyncio.sleep(0.1)
+    blocked = await worker.loop_lag(reset=True)
+    assert blocked["max_ms"] >= 200, blocked
+    assert blocked["samples"] < calm["samples"]  # the calm samples were forgotten
+    assert (await worker.loop_lag())["samples"] <= 2
+    worker.lag_probe.stop()
+    assert not worker.lag_probe.running
+
+
+def test_loop_lag_percentiles_are_nearest_rank():
+    from rollout.worker import LoopLagProbe
+
+    probe = LoopLagProbe()
+    probe._samples.extend(i / 1000 for i in range(1, 101))  # 1 ms .. 100 ms
+    st = probe.stats()
+    assert (st["samples"], st["p50_ms"], st["p99_ms"], st["max_ms"]) == (100, 50.0, 99.0, 100.0)
+    assert probe.stats(reset=True)["samples"] == 100 and probe.stats()["samples"] == 0
+    with pytest.raises(ValueError):
+        LoopLagProbe(interval_s=0)
+
+
+# --------------------------------------------------------------------------- row arithmetic
+def _raw(**kw) -> dict:
+    raw = {
+        "label": "", "concurrency": 256, "actors": 2, "latency_s": 1.0, "episodes": 768, "statuses": {"completed": 768},
+        "window_from": "the C-th delivery", "window_episodes": 320, "window_s": 20.0, "calls_per_episode": 8.0,
+        "window_generate_s": 320 * 8 * 1.1, "window_requests": 320 * 8, "window_episode_s": 9.0,
+        "actor_cpu_s": [10.0, 6.0], "actor_own_cpu_s": [8.0, 4.0], "stack_cpu_s": 5.0, "driver_cpu_s": 2.0,
+        "machine_busy_fraction": 0.5, "loop_lags": [{"samples": 10, "p50_ms": 1.0, "p99_ms": 30.0}, {"samples": 10, "p50_ms": 3.0, "p99_ms": 70.0}],
+        "rss_peak_bytes": [500 * 2**20, 700 * 2**20], "wall_s": 60.0,
+    }
+    raw.update(kw)
+    return raw
+
+
+def test_summarize_computes_the_ideal_from_calls_and_latency():
+    from rollout.bench_pool import judge, summarize
+
+    r = summarize(_raw())
+    assert r["episodes_per_s"] == 16.0
+    assert r["ideal_episode_s"] == 8.0 and r["ideal_episodes_per_s"] == 32.0  # 256 / (8 calls x 1 s)
+    assert r["ratio"] == 0.5 and r["ideal_basis"] == "injected latency"
+    assert r["call_s"] == pytest.approx(1.1)
+    assert r["actor_cpu_s_per_episode"] == 0.05  # 16 CPU-s / 320 episodes
+    assert r["actor_cores_max"] == 0.4 and r["stack_cores"] == 0.25 and not r["cpu_bound"]
+    assert (r["loop_lag_p50_ms"], r["loop_lag_p99_ms"], r["rss_mib_per_actor"]) == (2.0, 70.0, 700.0)
+    v = judge(r, reference_cpu_s=0.75)
+    assert (v["target_cpu"], v["target_lag"], v["target_ratio"]) == ("met", None, "not met")
+    # at 1024 the lag target applies; a CPU-bound row is not judged on its ratio
+    v = judge(summarize(_raw(concurrency=1024, machine_busy_fraction=0.97)), reference_cpu_s=0.3)
+    assert (v["target_cpu"], v["target_lag"], v["target_ratio"]) == ("not met", "not met", None)
+    assert v["target_ratio_why"] == "CPU-bound"
+    # your own router: the ideal uses the measured call latency; latency 0: no ideal
+    own = summarize(_raw(latency_s=None))
+    assert own["ideal_basis"] == "measured /generate latency" and own["ideal_call_s"] == pytest.approx(1.1)
+    assert summarize(_raw(latency_s=0.0))["ratio"] is None
+
+
+# a small scale for the option tests, which must fail before anything starts (were one to run)
+TINY = ["--concurrency", "1", "--actors", "1", "--episodes", "2", "--baseline", "none", "env.task_ids=[0]"]
+
+
+def test_plot_needs_matplotlib_and_draws_the_rows(tmp_path, monkeypatch, capsys):
+    from rollout.bench import main
+    from rollout.bench_pool import plot_rows, summarize
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["pool", *TINY, "--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0] and "[plot]" in err[0]
+    monkeypatch.delitem(sys.modules, "matplotlib")
+    pytest.importorskip("matplotlib")
+    rows = [summarize(_raw(concurrency=c, actors=a)) for c in (256, 1024) for a in (1, 2)]
+    plot_rows(rows, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_options_are_one_line_errors(capsys):
+    from rollout.bench import main
+
+    assert main(["pool", "--concurrency", "3", "--actors", "2"]) == 2
+    assert "multiples" in capsys.readouterr().err
+    assert main(["pool", "--concurrency", "8", "--episodes", "8"]) == 2
+    assert "--episodes" in capsys.readouterr().err
+    assert main(["pool", *TINY, "--latency", "-1"]) == 2
+    assert "--latency" in capsys.readouterr().err
+    assert main(["pool", *TINY, "local.generate_latency_s=-1"]) == 2
+    assert "local.generate_latency_s" in capsys.readouterr().err
+    assert main(["pool", *TINY, "pool.num_actors=0"]) == 2
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.mark.ray
+@pytest.mark.slow
+def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
+    from rollout.bench import main
+
+    out = tmp_path / "pool.json"
+    code = main(["pool", "--concurrency", "2", "--actors", "1", "--latency", "0.05", "--episodes", "6", "--baseline", "none",
+                 "--json", str(out), f"rollout.output_dir={tmp_path / 'run'}", "env.task_ids=[0,1,2]", "rollout.n_samples_per_task=1"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads(out.read_text())
+    assert data["cpu_count"] == os.cpu_count() and data["latency_s"] == 0.05
+    (row,) = data["rows"]
+    for key in ("concurrency", "actors", "episodes", "episodes_per_s", "ideal_episodes_per_s", "ratio", "calls_per_episode",
+                "actor_cpu_s_per_episode", "actor_cores_max", "machine_busy_fraction", "cpu_bound", "loop_lag_p50_ms",
+                "loop_lag_p99_ms", "rss_mib_per_actor", "target_cpu", "target_lag", "target_ratio"):
+        assert key in row, key
+    assert (row["concurrency"], row["actors"], row["episodes"], row["statuses"]) == (2, 1, 6, {"completed": 6})
+    assert row["window_episodes"] == 3  # deliveries 3, 4, 5: every slot busy until the 5th
+    assert row["calls_per_episode"] >= 2 and row["call_s"] >= 0.05
+    # ideal: 2 concurrent / (calls per episode x 0.05 s)
+    assert row["ideal_episodes_per_s"] == pytest.approx(2 / (row["calls_per_episode"] * 0.05))
+    assert row["actor_cpu_s_per_episode"] > 0 and row["rss_mib_per_actor"] > 100
+    assert row["loop_lags"][0]["samples"] > 0
+    assert "os.cpu_count() = " in printed and "injected latency 0.05 s" in printed and "targets (issue 8)" in printed
