@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+import copy
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -80,7 +81,7 @@ class EpisodeSpec:
 
     Attributes:
         episode_id: unique id; the driver delivers exactly one result per id.
-        domain: tau2 domain (``airline`` | ``retail``).
+        domain: tau2 domain (a name of tau2's registry: ``airline`` | ``retail`` | ``telecom`` | ...).
         task_id: tau2 task id (a string, as in tau2's ``tasks.json``).
         group_id: id of the group of ``n_samples_per_task`` samples of one task (GRPO group).
         sample_index: index of this sample in its group, ``0 <= sample_index < n``.
@@ -317,7 +318,17 @@ class TrainingSample:
             ) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The sample as a JSON-ready dict of new containers (``samples.jsonl``'s line).
+
+        Built field by field: ``dataclasses.asdict`` deep-copies every element of the token
+        lists one by one, which made it most of the driver's CPU (about 40 ms per 10k-token sample).
+        """
+        return {
+            "tokens": list(self.tokens), "response_length": self.response_length, "loss_mask": list(self.loss_mask),
+            "rollout_log_probs": list(self.rollout_log_probs), "reward": self.reward, "status": self.status,
+            "group_id": self.group_id, "sample_index": self.sample_index, "metadata": copy.deepcopy(self.metadata),
+            "weight_versions": list(self.weight_versions), "generation_spans": [list(s) for s in self.generation_spans],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainingSample":

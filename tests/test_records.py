@@ -47,3 +47,19 @@ def test_batch_pads_and_aligns_masks_with_tokens():
     assert batch.rewards.tolist() == [1.0, 0.0]
     with pytest.raises(ValueError):
         Batch.from_samples([])
+
+
+def test_training_sample_to_dict_is_asdict_with_new_containers():
+    import dataclasses
+
+    from rollout.records import TrainingSample
+
+    s = TrainingSample(tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 0], rollout_log_probs=[-0.5, 0.0], reward=1.0, status="completed",
+                       group_id="g", sample_index=1, metadata={"nested": {"a": [1, 2]}, "x": 1.5}, weight_versions=["0", None],
+                       generation_spans=[[0, 1]])
+    d = s.to_dict()
+    assert d == dataclasses.asdict(s) and list(d) == [f.name for f in dataclasses.fields(s)]
+    d["tokens"].append(9)
+    d["metadata"]["nested"]["a"].append(3)
+    d["generation_spans"][0].append(7)
+    assert s.tokens == [1, 2, 3, 4] and s.metadata["nested"]["a"] == [1, 2] and s.generation_spans == [[0, 1]]  # nothing shared
