@@ -139,8 +139,9 @@ def trajectories(domain: Any, task: Any) -> list[Trajectory]:
     return out
 
 
-def play(domain: Any, task: Any, traj: Trajectory, path: str) -> dict[str, Any]:
-    """Play ``traj`` on ``path`` (``fast`` | ``tau2``) in this process.
+def play(domain: Any, task: Any, traj: Trajectory, path: str, reward: bool = True) -> dict[str, Any]:
+    """Play ``traj`` on ``path`` (``fast`` | ``tau2``) in this process (without ``reward``:
+    the tool calls only; ``reward`` and ``info`` are then None).
 
     Returns:
         ``{"reward", "info", "answers": [tool message content], "reset_s", "tools_s",
@@ -176,12 +177,14 @@ def play(domain: Any, task: Any, traj: Trajectory, path: str) -> dict[str, Any]:
     else:
         termination = "transfer"
     t0 = time.perf_counter()
-    if path == "fast":
-        reward, info = domain.fast.evaluate(task, env, messages)
+    if not reward:
+        score, info = None, None
+    elif path == "fast":
+        score, info = domain.fast.evaluate(task, env, messages)
     else:
-        reward, info = evaluate_run(task, messages, termination, domain.name, 0.0, 1.0)
+        score, info = evaluate_run(task, messages, termination, domain.name, 0.0, 1.0)
     reward_s = time.perf_counter() - t0
-    return {"reward": reward, "info": info, "answers": answers, "reset_s": reset_s, "tools_s": tools_s, "reward_s": reward_s, "env": env}
+    return {"reward": score, "info": info, "answers": answers, "reset_s": reset_s, "tools_s": tools_s, "reward_s": reward_s, "env": env}
 
 
 def compare_domain(domain: Any, task_ids: list[str] | None = None, kinds: tuple[str, ...] = KINDS, progress: bool = False) -> dict[str, Any]:
@@ -245,7 +248,8 @@ def memory_per_episode(domain: Any, task_ids: list[str], n: int = 32) -> dict[st
         if path == "fresh":
             keep = [domain.new_environment()]
         else:
-            keep = [play(domain, tasks[i % len(tasks)], trajectories(domain, tasks[i % len(tasks)])[0], path)["env"] for i in range(n)]
+            keep = [play(domain, tasks[i % len(tasks)], trajectories(domain, tasks[i % len(tasks)])[0], path, reward=False)["env"]
+                    for i in range(n)]
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()

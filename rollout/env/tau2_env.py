@@ -6,6 +6,13 @@
 
 * A tool action runs the tool in tau2's environment and returns the tool's output.
 * A respond action (plain text) goes to the user simulator and returns the user's reply.
+* Dual control (tau2 telecom: the user has tools of its own, acting on the user's phone): at
+  ``reset`` the user simulator gets the user's tool schemas and a runner
+  (:class:`~rollout.env.user.UserTools`); each user tool call runs in the user's side of the
+  episode's environment (tau2's ``get_response`` with ``requestor="user"``), off the event loop
+  and bounded like agent tools, and is recorded for tau2's evaluator. The agent sees only the
+  user's text, as in tau2's orchestrator (a user's tool call and result go to the user alone).
+* Domains are those tau2's registry registers (:mod:`rollout.env.domains`).
 * The episode ends when the user stops (``###STOP###``) or is transferred, when the agent calls
   ``transfer_to_human_agents`` or says ``###STOP###``; the caller enforces max steps.
 * At the end the reward is tau2's ``evaluate_simulation`` (``EvaluationType.ALL``) reward,
@@ -15,7 +22,9 @@
     view of the actor's database (microseconds to build, kilobytes per episode) and the reward is
     computed from it and a per-task gold state, with nothing rebuilt or replayed (about 1.5 ms);
     equal to tau2's reward and breakdown on every task of airline and retail
-    (``tests/test_fast_reward.py``, ``python -m rollout.bench env``).
+    (``tests/test_fast_reward.py``, ``python -m rollout.bench env``). Domains whose environment
+    it does not serve (telecom: a custom ``Environment`` subclass with user tools) take tau2's
+    path below.
   - ``tau2`` (the reference): a fresh tau2 environment per episode (50-250 ms), and tau2's own
     evaluator, which rebuilds two environments and replays the trajectory (0.3-0.7 s).
 
@@ -54,8 +63,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.config import EnvConfig
+from rollout.env.domains import DomainLoaders, load_domain
 from rollout.env.fast import PURE_TOOL_TYPES, FastPath
-from rollout.env.user import STOP, UserSimulator
+from rollout.env.user import STOP, UserSimulator, UserSimulatorError, UserTools
 
 logger = logging.getLogger(__name__)
 
@@ -140,15 +150,15 @@ def _literal_constants(module: str, names: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
-def _domain_module(domain: str):
+def _domain_module(domain: str) -> DomainLoaders:
+    """The functions tau2's registry registers for ``domain`` (``get_environment``, ``get_tasks``,
+    ``get_tasks_split``), see :func:`rollout.env.domains.load_domain`.
+
+    Raises:
+        UnknownDomainError: tau2 has no such domain (one line naming ``env.domain``).
+    """
     _import_tau2()
-    if domain == "retail":
-        from tau2.domains.retail import environment as mod
-    elif domain == "airline":
-        from tau2.domains.airline import environment as mod
-    else:
-        raise ValueError(f"env.domain: unsupported tau2 domain {domain!r} (airline | retail)")
-    return mod
+    return load_domain(domain)
 
 
 @dataclass(frozen=True)
@@ -170,29 +180,45 @@ class Action:
 class Tau2Domain:
     """One tau2 domain's static data, loaded once per actor.
 
+    The domain is any that tau2's registry registers (``tau2/registry.py``: airline, retail,
+    telecom, ...; :mod:`rollout.env.domains`), loaded through the functions registered for it.
+
+    Args:
+        name: the domain's registry name (``env.domain``).
+        tau2_log_level: loguru level for tau2's logs.
+
+    Raises:
+        UnknownDomainError: tau2 registers no domain ``name`` (a ``KeyError``; one line naming
+            ``env.domain`` and listing tau2's domains).
+
     Attributes:
-        name: ``airline`` | ``retail``.
-        tasks: task id -> ``tau2`` Task, every task of the domain.
-        splits: split name (``train`` / ``test`` / ``base``) -> task ids, from tau2's split_tasks.json.
+        name: the registry name (``airline`` | ``retail`` | ``telecom`` | ...).
+        tasks: task id -> ``tau2`` Task, every task of the domain (telecom: 2285, its ``full`` split).
+        splits: split name (``train`` / ``test`` / ``base``, telecom also ``small`` / ``full``) ->
+            task ids, from tau2's split_tasks.json; a domain without splits has only ``base`` (all tasks).
         policy: the domain policy (the agent's system prompt).
         tool_schemas: OpenAI-style function schemas of the agent's tools.
         tool_types: tool name -> tau2 ToolType value (``read`` / ``write`` / ``think`` / ``generic``).
+        user_tool_schemas: OpenAI-style function schemas of the user's own tools (dual control,
+            tau2's ``Environment.get_user_tools()``: telecom's phone); empty when the user has none.
     """
 
     def __init__(self, name: str, tau2_log_level: str = "ERROR"):
         _import_tau2(tau2_log_level)
-        mod = _domain_module(name)
+        loaders = _domain_module(name)
         from tau2.environment.toolkit import get_tool_types
 
         self.name = name
-        self._mod = mod
-        self.tasks = {t.id: t for t in mod.get_tasks(None)}
-        self.splits: dict[str, list[str]] = mod.get_tasks_split()
-        env = mod.get_environment()
+        self._loaders = loaders
+        self.tasks = {t.id: t for t in loaders.get_tasks(None)}
+        splits = loaders.get_tasks_split() if loaders.get_tasks_split is not None else None
+        self.splits: dict[str, list[str]] = dict(splits) if splits else {"base": list(self.tasks)}
+        env = loaders.get_environment()
         self.policy: str = env.get_policy()
         self.tool_schemas: list[dict] = [t.openai_schema for t in env.get_tools()]
         self.tool_names: list[str] = [s["function"]["name"] for s in self.tool_schemas]
         self.tool_types: dict[str, str] = {k: v.value for k, v in get_tool_types(env.tools).items()}
+        self.user_tool_schemas: list[dict] = [t.openai_schema for t in env.get_user_tools()] if env.user_tools is not None else []
         # The fast path's shared database is this environment's (parsed once per actor).
         self.fast = FastPath(name, env, self.tool_types)
         self._tool_executor: ThreadPoolExecutor | None = None
@@ -241,8 +267,10 @@ class Tau2Domain:
         return [str(i) for i in ids]
 
     def new_environment(self):
-        """A fresh tau2 ``Environment`` with its own database (30-280 ms, 7-27 MB)."""
-        return self._mod.get_environment()
+        """A fresh tau2 ``Environment`` with its own database(s) (30-280 ms, 7-27 MB), from the
+        constructor tau2's registry registers for the domain (telecom: a ``TelecomEnvironment``
+        with the user's phone as its user-side database)."""
+        return self._loaders.get_environment()
 
 
 # -- evaluation (tau2's own evaluator) -----------------------------------------------------------
@@ -259,7 +287,8 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
         task: the ``tau2`` Task.
         messages: the conversation as ``tau2`` messages (user, assistant, tool).
         termination: ``user_stop`` | ``transfer`` | ``agent_stop``.
-        domain: tau2 domain name (``retail`` | ``airline``).
+        domain: tau2 domain name (a registry name: ``retail`` | ``airline`` | ``telecom`` | ...);
+            tau2's evaluator builds its environments with the registry's constructor for it.
         start_time, end_time: the episode's start and end (Unix seconds; recorded, not scored).
 
     Returns:
@@ -309,7 +338,7 @@ def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = No
     share_fate(parent_pid, on_parent_death=lambda: os._exit(1))
     _import_tau2(log_level)
     if tools_class is None:
-        env = _domain_module(domain).get_environment()
+        env = load_domain(domain).get_environment()
     else:
         # Database-free tools need no database (35 MB for airline): the toolkit class alone.
         from tau2.environment.environment import Environment
@@ -544,7 +573,9 @@ class Tau2Environment:
         self.messages: list[Any] = []  # tau2 messages, for tau2's evaluator
         self.termination: str | None = None
         self._start = 0.0
-        self.timings = {"env_s": 0.0, "tool_s": 0.0, "user_s": 0.0, "reward_s": 0.0}
+        # user_s includes user_tool_s: the user's own tool calls (dual control) run inside its turn
+        self.timings = {"env_s": 0.0, "tool_s": 0.0, "user_s": 0.0, "user_tool_s": 0.0, "reward_s": 0.0}
+        self.user_tool_calls = 0
 
     async def _bounded(self, executor: Executor | None, fn, *args, timeout: float, queue_timeout: float | None = None):
         """Run ``fn(*args)`` in ``executor`` and wait for it; ``timeout`` counts from when it
@@ -610,6 +641,12 @@ class Tau2Environment:
         except Exception as e:
             raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
         self.timings["env_s"] += time.monotonic() - t0
+        if self.domain.user_tool_schemas:  # dual control: the user acts on its own side (telecom's phone)
+            bind = getattr(self.user, "bind_tools", None)
+            if bind is None:
+                raise UserSimulatorError(f"domain {self.domain.name} gives the user tools, but the user simulator "
+                                         f"{type(self.user).__name__} cannot use them (no bind_tools)")
+            bind(UserTools(schemas=tuple(self.domain.user_tool_schemas), call=self._user_tool))
         t0 = time.monotonic()
         opening = await self.user.start()
         self.timings["user_s"] += time.monotonic() - t0
@@ -689,6 +726,51 @@ class Tau2Environment:
             raise
         except Exception as e:
             raise EnvironmentStepError(f"tool {call.name!r} failed outside tau2's error handling: {e!r}") from e
+
+    async def _user_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Run one of the user's own tool calls (dual control) in the user's side of the
+        episode's environment: tau2's ``Environment.get_response`` on a ``ToolCall`` with
+        ``requestor="user"``, which calls ``use_user_tool`` and then ``sync_tools``, exactly as
+        tau2's orchestrator routes a user tool call (``tau2/orchestrator/orchestrator.py``) and
+        as tau2's evaluator replays it (``Environment.set_state``). It runs in the domain's tool
+        threads, off the event loop, bounded by ``env.step_timeout_s`` from when it starts.
+
+        The call and its result are recorded in :attr:`messages` (a ``UserMessage`` with the
+        tool call, then a ``ToolMessage`` with ``requestor="user"``) for tau2's evaluator; the
+        agent never sees them, only the user's next text (as in tau2, where they go to the user).
+
+        Args:
+            name: a user tool (a tool the user's toolkit lacks is tau2's error message, not a raise).
+            arguments: its arguments (JSON object).
+
+        Returns:
+            ``(content, error)``: tau2's tool message content and whether it is an error.
+
+        Raises:
+            EnvironmentStepError: the call ran past ``env.step_timeout_s`` (environment code, not
+                the policy's fault), could not start, or failed outside tau2's error handling.
+        """
+        from tau2.data_model.message import ToolCall, ToolMessage, UserMessage
+
+        if self._env is None:
+            raise EnvironmentStepError("a user tool call before reset()")
+        timeout = self.cfg.step_timeout_s
+        call = ToolCall(id=f"user_call_{uuid.uuid4().hex[:12]}", name=name, arguments=dict(arguments), requestor="user")
+        t0 = time.monotonic()
+        try:
+            msg = await self._bounded(self.domain.tool_executor, self._env.get_response, call, timeout=timeout)
+        except asyncio.TimeoutError:
+            raise EnvironmentStepError(f"user tool {name!r} ran longer than {timeout}s") from None
+        except _QueuedTooLong as e:
+            raise EnvironmentStepError(f"user tool {name!r} waited {e.args[0]:.1f}s for a thread without starting (actor overloaded)") from None
+        except Exception as e:
+            raise EnvironmentStepError(f"user tool {name!r} failed outside tau2's error handling: {e!r}") from e
+        finally:
+            self.timings["user_tool_s"] += time.monotonic() - t0
+        self.user_tool_calls += 1
+        self.messages.append(UserMessage(role="user", content=None, tool_calls=[call]))
+        self.messages.append(ToolMessage(id=call.id, role="tool", content=msg.content, requestor="user", error=msg.error))
+        return msg.content, bool(msg.error)
 
     async def _finish(self, termination: str, observation: str, info: dict[str, Any]):
         self.termination = termination

@@ -10,6 +10,15 @@ Two implementations behind the :class:`UserSimulator` protocol, one instance per
   it never blocks the event loop), prompted with tau2's own user-simulator guidelines and the
   task's scenario, as tau2's ``UserSimulator`` does.
 
+Dual control (tau2 telecom, where the user has tools of its own on the user's phone): the
+environment hands the user simulator a :class:`UserTools` (``bind_tools``, before ``start``) and
+both simulators act through it. :class:`LLMUser` offers the tools to its LLM (OpenAI tool calling,
+with tau2's tool-using guidelines, ``simulation_guidelines_tools.md``) and runs what it calls
+before it answers; :class:`ScriptedUser` replays the task's gold user actions
+(:func:`gold_segments`), one block per agent message, and says its case number
+(:func:`case_reference`) so that the local gold-replay policy can tell tasks with the same
+opening apart. The agent never sees the user's tool calls, only its text.
+
 Failures of the LLM endpoint are retried here, not by litellm (it is called with
 ``num_retries=0``): transient ones (HTTP 429, honouring ``Retry-After``; 5xx answers; connection
 errors; timeouts) up to ``env.user.max_retries`` times with jittered exponential back-off; the
@@ -24,7 +33,10 @@ Stop signals are tau2's: ``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE##
 from __future__ import annotations
 
 import asyncio
+import copy
 import email.utils
+import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -33,7 +45,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from rollout.config import UserConfig
 
@@ -66,8 +78,62 @@ def is_stop(text: str) -> bool:
     return any(s in text for s in STOP_SIGNALS)
 
 
+@dataclass(frozen=True)
+class UserTools:
+    """The user's own tools in a dual-control domain (tau2 telecom), handed to the user simulator
+    by the environment (``bind_tools``) before the conversation starts.
+
+    Attributes:
+        schemas: OpenAI-style function schemas of the user's tools (tau2's
+            ``Environment.get_user_tools()``).
+        call: ``await call(name, arguments) -> (content, error)``: runs one tool call in the
+            user's side of the episode's environment (off the event loop, bounded; see
+            :meth:`rollout.env.tau2_env.Tau2Environment._user_tool`), records it for tau2's
+            evaluator and returns tau2's tool message content and whether it is an error. It
+            raises ``EnvironmentStepError`` when the environment fails (the episode then ends
+            ``env_error``).
+    """
+
+    schemas: tuple[dict, ...]
+    call: Callable[[str, dict], Awaitable[tuple[str, bool]]]
+
+    @property
+    def names(self) -> list[str]:
+        """The tool names, in schema order."""
+        return [s["function"]["name"] for s in self.schemas]
+
+
+def case_reference(task_id: str) -> str:
+    """The case number the scripted user gives in dual-control domains: ``TC-`` and the first 10
+    hex digits of the sha256 of the task id. Opaque (it says nothing of the task's faults) and
+    unique per task, so the local gold-replay policy can find the task of a conversation whose
+    opening many tasks share (telecom's 114 base tasks have 3 distinct reasons for calling)."""
+    return "TC-" + hashlib.sha256(str(task_id).encode()).hexdigest()[:10]
+
+
+CASE_REFERENCE_RE = re.compile(r"case number is (TC-[0-9a-f]{10})")
+
+
+def gold_segments(task: Any) -> list[tuple[str, list[tuple[str, dict]]]]:
+    """A task's gold actions (``evaluation_criteria.actions``) in order, grouped into maximal runs
+    by requestor: ``[("assistant" | "user", [(tool name, arguments), ...]), ...]``. The user's runs
+    are what the scripted user replays, one per agent message; the local gold-replay policy hands
+    over to the user before each of them. Tasks without gold actions give ``[]``.
+    """
+    crit = task.evaluation_criteria
+    segments: list[tuple[str, list[tuple[str, dict]]]] = []
+    for a in (crit.actions or []) if crit is not None else []:
+        who = "user" if a.requestor == "user" else "assistant"
+        if not segments or segments[-1][0] != who:
+            segments.append((who, []))
+        segments[-1][1].append((a.name, dict(a.arguments)))
+    return segments
+
+
 class UserSimulator(Protocol):
-    """One simulated user for one episode."""
+    """One simulated user for one episode. In a dual-control domain the environment first calls
+    the simulator's ``bind_tools(tools: UserTools)`` (simulators without it cannot serve such
+    domains: the episode ends ``user_error``)."""
 
     async def start(self) -> str:
         """Return the user's opening message."""
@@ -89,20 +155,52 @@ def _instruction_fields(task: Any) -> tuple[str, str]:
 class ScriptedUser:
     """Deterministic user built from a tau2 task's scenario (no LLM).
 
+    It opens with the reason for the call and the known info, answers the agent's questions with
+    that info and stops once the agent says something that is not a question. With user tools
+    (dual control, :meth:`bind_tools`) it also says its :func:`case_reference` in the opening and
+    replays the task's gold user actions: each agent message is answered by the next block of
+    them (:func:`gold_segments`), run through the tools, and a text that reports their results;
+    once they are all done it behaves as above.
+
     Args:
         task: a ``tau2.data_model.tasks.Task``.
-        max_answers: answers given before the user stops regardless (bounds a looping agent).
+        max_answers: answers given before the user stops regardless (bounds a looping agent;
+            replayed blocks are not counted, there are finitely many).
     """
 
     def __init__(self, task: Any, max_answers: int = 8):
         self.reason, self.known = _instruction_fields(task)
+        self.task_id = str(task.id)
         self.max_answers = max_answers
         self.answers = 0
+        self._blocks = [acts for who, acts in gold_segments(task) if who == "user"]
+        self._tools: UserTools | None = None
+        self.tool_calls = 0  # user tool calls made
+
+    def bind_tools(self, tools: UserTools) -> None:
+        """Take the user's tools (dual control); call it before :meth:`start`."""
+        self._tools = tools
 
     async def start(self) -> str:
-        return f"Hi! {self.reason}" + (f"\n{self.known}" if self.known else "")
+        text = f"Hi! {self.reason}" + (f"\n{self.known}" if self.known else "")
+        if self._tools is not None:
+            text += f"\nMy case number is {case_reference(self.task_id)}."
+        return text
 
     async def respond(self, agent_message: str) -> UserReply:
+        """Answer the agent (see the class).
+
+        Raises:
+            EnvironmentStepError: a replayed tool call failed in the environment (from
+                :attr:`UserTools.call`).
+        """
+        if self._tools is not None and self._blocks:
+            lines = []
+            for name, args in self._blocks.pop(0):
+                content, _ = await self._tools.call(name, copy.deepcopy(args))
+                self.tool_calls += 1
+                lines.append(f"- {name}: {content}")
+            return UserReply("I did that on my side. What I got:\n" + "\n".join(lines), stop=False)
         if "?" not in agent_message or self.answers >= self.max_answers:
             return UserReply(STOP, stop=True)
         self.answers += 1
@@ -112,19 +210,30 @@ class ScriptedUser:
 
 # -- helpers shared by LLMUser and check_user_simulator -------------------------------------------
 _PROMPT_PARTS: tuple[str, str] | None = None  # (tau2's user SYSTEM_PROMPT, its guidelines)
+_PROMPT_PARTS_TOOLS: tuple[str, str] | None = None  # the same with tau2's guidelines for a user with tools
 _PROMPT_LOCK = threading.Lock()
 
 
-def user_prompt_parts() -> tuple[str, str]:
-    """tau2's user-simulator system prompt template and its guidelines (a file of tau2's), read
-    once per process and cached. Blocking the first time (it imports ``tau2.user.user_simulator``
-    and reads the file): call it in a thread, as :class:`LLMUser` does, or at start-up.
+def user_prompt_parts(use_tools: bool = False) -> tuple[str, str]:
+    """tau2's user-simulator system prompt template and its guidelines (a file of tau2's:
+    ``simulation_guidelines.md``, or ``simulation_guidelines_tools.md`` with ``use_tools`` for a
+    user with tools of its own, as tau2's ``UserSimulator`` chooses), read once per process and
+    cached. Blocking the first time (it imports ``tau2.user.user_simulator`` and reads the
+    file): call it in a thread, as :class:`LLMUser` does, or at start-up.
 
     Returns:
         ``(system_prompt_template, guidelines)``; the template has the fields
         ``global_user_sim_guidelines`` and ``instructions``.
     """
-    global _PROMPT_PARTS
+    global _PROMPT_PARTS, _PROMPT_PARTS_TOOLS
+    if use_tools:
+        if _PROMPT_PARTS_TOOLS is None:
+            with _PROMPT_LOCK:
+                if _PROMPT_PARTS_TOOLS is None:
+                    from tau2.user.user_simulator import SYSTEM_PROMPT, get_global_user_sim_guidelines
+
+                    _PROMPT_PARTS_TOOLS = (SYSTEM_PROMPT, get_global_user_sim_guidelines(use_tools=True))
+        return _PROMPT_PARTS_TOOLS
     if _PROMPT_PARTS is None:
         with _PROMPT_LOCK:
             if _PROMPT_PARTS is None:
@@ -135,6 +244,7 @@ def user_prompt_parts() -> tuple[str, str]:
 
 
 _LITELLM: Any = None  # the module once fully imported (another thread may be importing it)
+_MCP_MISSING = importlib.util.find_spec("mcp") is None  # see LLMUser._call_once
 
 
 def _import_litellm():
@@ -336,7 +446,15 @@ class LLMUser:
     Nothing here blocks the event loop: the constructor reads no file, and the system prompt
     (tau2's guidelines, read once per process by :func:`user_prompt_parts`) and the first import
     of litellm are done in a thread, bounded by ``cfg.timeout_s``, before the first call.
+
+    Dual control (:meth:`bind_tools`): the user's tools are offered in every call (OpenAI tool
+    calling); the tool calls an answer makes are run through :attr:`UserTools.call` (in the user's
+    environment, off the loop, bounded) and their results sent back, until the LLM answers in
+    text, at most ``max_tool_calls_per_turn`` calls per turn (more: ``UserSimulatorError``). A
+    malformed tool call (no name, arguments not a JSON object) is a ``UserSimulatorError``.
     """
+
+    max_tool_calls_per_turn = 20
 
     def __init__(self, task: Any, cfg: UserConfig, seed: int = 0):
         if not cfg.base_url or not cfg.model:
@@ -348,9 +466,18 @@ class LLMUser:
         self.retries = 0
         self._rng = random.Random()
         self._instructions = str(task.user_scenario)
+        self._tools: UserTools | None = None
+        self.tool_calls = 0  # user tool calls run (dual control)
         # Roles are flipped: the simulator is the "assistant", the agent speaks as "user". The
         # system prompt is put first by _prepare, before the first call.
-        self.history: list[dict[str, str]] = []
+        self.history: list[dict[str, Any]] = []
+
+    def bind_tools(self, tools: UserTools) -> None:
+        """Take the user's tools (dual control); call it before :meth:`start`. They are offered to
+        the LLM in every call and the system prompt uses tau2's guidelines for a user with tools."""
+        if self.history:
+            raise RuntimeError("bind_tools() after the conversation started")
+        self._tools = tools
 
     async def _prepare(self) -> None:
         """Put the system prompt first in the history and import litellm, off the event loop.
@@ -363,7 +490,7 @@ class LLMUser:
             return
 
         def load() -> str:
-            template, guidelines = user_prompt_parts()
+            template, guidelines = user_prompt_parts(use_tools=self._tools is not None)
             _import_litellm()
             return template.format(global_user_sim_guidelines=guidelines, instructions=self._instructions)
 
@@ -376,9 +503,26 @@ class LLMUser:
         if not self.history:
             self.history = [{"role": "system", "content": system}]
 
-    async def _call_once(self, messages: list[dict[str, str]]) -> str:
+    async def _call_once(self, messages: list[dict[str, Any]]) -> tuple[str | None, list[tuple[str, str, dict]]]:
+        """One endpoint call: ``(text, tool_calls)``, ``tool_calls`` as ``(id, name, arguments)``
+        (only when the user has tools; they are offered then).
+
+        Raises:
+            UserSimulatorError: the answer has neither text nor tool calls, or a tool call's
+                arguments are not a JSON object (a malformed answer, not retried).
+            anything litellm raises (sorted by the caller).
+        """
         litellm = _import_litellm()
         self.calls += 1
+        extra: dict[str, Any] = {}
+        if self._tools is not None:
+            extra["tools"] = list(self._tools.schemas)
+            if _MCP_MISSING:
+                # litellm (1.106) sends every call with tools through its MCP-gateway check,
+                # which imports the optional `mcp` package and fails without it (seen here:
+                # "No module named 'mcp'" on every call); these are plain function tools, and
+                # litellm's own flag for such calls skips that check.
+                extra["_skip_mcp_handler"] = True
         resp = await asyncio.wait_for(
             litellm.acompletion(
                 model=f"openai/{self.cfg.model}",
@@ -390,23 +534,40 @@ class LLMUser:
                 seed=self.seed,
                 num_retries=0,  # the retry policy is ours
                 max_retries=0,
+                **extra,
             ),
             timeout=self.cfg.timeout_s,
         )
         choices = getattr(resp, "choices", None) or []
-        text = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
-        if not isinstance(text, str) or not text.strip():
+        message = getattr(choices[0], "message", None) if choices else None
+        text = getattr(message, "content", None)
+        calls: list[tuple[str, str, dict]] = []
+        offered = self._tools is not None
+        for i, tc in enumerate((getattr(message, "tool_calls", None) or []) if offered else []):
+            fn = getattr(tc, "function", None)
+            name, raw = getattr(fn, "name", None), getattr(fn, "arguments", None)
+            try:
+                args = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+            except json.JSONDecodeError:
+                args = None
+            if not isinstance(name, str) or not isinstance(args, dict):
+                raise UserSimulatorError(f"user simulator returned a malformed tool call: {_one_line(repr((name, raw)), self.api_key, 200)}")
+            calls.append((str(getattr(tc, "id", None) or f"user_tool_{self.calls}_{i}"), name, args))
+        if not calls and (not isinstance(text, str) or not text.strip()):
             raise UserSimulatorError("user simulator returned no text (malformed answer)")
-        return text
+        return (text if isinstance(text, str) else None), calls
 
-    async def _complete(self, agent_text: str) -> str:
-        await self._prepare()
-        messages = [*self.history, {"role": "user", "content": agent_text}]
+    async def _call_with_retries(self, messages: list[dict[str, Any]]) -> tuple[str | None, list[tuple[str, str, dict]]]:
+        """:meth:`_call_once` under the retry policy (see the class).
+
+        Raises:
+            UserSimulatorError: the call still failed after the retries, or failed in a way not
+                worth retrying.
+        """
         attempts = self.cfg.max_retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                text = await self._call_once(messages)
-                break
+                return await self._call_once(messages)
             except UserSimulatorError:
                 raise
             except asyncio.CancelledError:
@@ -424,7 +585,31 @@ class LLMUser:
                 self.retries += 1
                 logger.warning("user simulator call failed (%s); retry %d/%d in %.2fs", failure.summary, attempt, self.cfg.max_retries, wait)
                 await asyncio.sleep(wait)
-        self.history += [messages[-1], {"role": "assistant", "content": text}]
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _complete(self, agent_text: str) -> str:
+        """The user's text answer to ``agent_text``. With tools, the tool calls the LLM makes
+        first are run (:attr:`UserTools.call`) and their results given back to it, until it
+        answers in text, at most :attr:`max_tool_calls_per_turn` calls."""
+        await self._prepare()
+        turn: list[dict[str, Any]] = [{"role": "user", "content": agent_text}]
+        made = 0
+        while True:
+            text, calls = await self._call_with_retries([*self.history, *turn])
+            if not calls:
+                break
+            made += len(calls)
+            if made > self.max_tool_calls_per_turn:
+                raise UserSimulatorError(f"user simulator made more than {self.max_tool_calls_per_turn} tool calls in one turn")
+            assert self._tools is not None  # tool calls are read only when tools were offered
+            turn.append({"role": "assistant", "content": text or None, "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}} for cid, name, args in calls]})
+            for cid, name, args in calls:
+                content, _ = await self._tools.call(name, args)  # EnvironmentStepError propagates
+                self.tool_calls += 1
+                turn.append({"role": "tool", "tool_call_id": cid, "content": content})
+        assert text is not None
+        self.history += [*turn, {"role": "assistant", "content": text}]
         return text.strip()
 
     async def start(self) -> str:

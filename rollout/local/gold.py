@@ -13,13 +13,23 @@ gold action has been replayed, one closing message that states every ``communica
 verbatim, or ``###STOP###`` when that closing message has already been said. Replaying a task this
 way earns reward 1.0 from tau2's own evaluator, so the whole pipeline can be checked end to end.
 
+Dual control (tau2 telecom): a task's gold actions include the user's own (``requestor ==
+"user"``), which the scripted user replays (:class:`rollout.env.user.ScriptedUser`). Before each
+run of them (:func:`rollout.env.user.gold_segments`) the oracle hands over to the user with one
+text message, so the conversation interleaves both sides' actions in the gold order; how far the
+episode has got is then the number of tool responses (the agent's actions) and of the oracle's
+earlier text messages (its hand-overs). Telecom's tasks share three openings between 114 (base)
+or 2285 (full) tasks, so the task is found by the case number the scripted user states
+(:func:`rollout.env.user.case_reference`) before the reason for the call is tried.
+
 Weight updates (``/update_weights_from_disk``) only relabel the server's weight version:
 :meth:`GoldReplayBackend.load_weights` reads nothing.
 
 ``gold_replay_skip_write`` drops the first gold action whose tool is a write tool (per tau2's own
 ``ToolType.WRITE`` metadata): a wrong trajectory that must earn reward 0 on tasks that write.
 
-Task matching rules, checked when the index is built:
+Task matching rules, checked when the index is built (every task is also matched by its case
+number, so these rules only decide which tasks can be found from their opening alone):
 
 * If the reasons of two tasks both occur in the text and one contains the other, the longer
   (more specific) one wins (retail task 5's reason contains task 6's).
@@ -27,8 +37,9 @@ Task matching rules, checked when the index is built:
   communicate_info (airline 15 and 16), or, failing that, one of them must replay every other's
   gold actions with only non-write extras (retail 67 replays 68's actions plus one more lookup);
   that one is replayed and its closing message states the union of their communicate_info, so
-  the replay earns 1.0 whichever of the tasks the episode is. Anything else raises
-  ``ValueError`` at construction.
+  the replay earns 1.0 whichever of the tasks the episode is (only for tasks without user
+  actions). Other tasks that share a reason cannot be told apart by it: they are matched by case
+  number only (logged).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rollout.env.user import CASE_REFERENCE_RE, case_reference, gold_segments
 from rollout.local.backend_api import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -70,23 +82,48 @@ def _reason_for_call(task) -> str:
 
 
 def _load_domain(domain: str):
-    """Return ``(tasks, {tool_name: is_write})`` for a tau2 domain (all tasks, split "base")."""
+    """Return ``(tasks, {tool_name: is_write})`` for a domain of tau2's registry (every task of
+    the domain, ``get_tasks(None)``: airline's and retail's are their ``base`` split, telecom's its
+    2285 ``full`` tasks).
+
+    Raises:
+        ValueError: tau2 registers no such domain.
+    """
+    if domain.startswith("tau_bench:"):  # the original tau-bench (env.benchmark=tau_bench)
+        return _load_tau_bench_domain(domain.partition(":")[2])
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import importlib
+    from rollout.env.domains import UnknownDomainError, load_domain
 
     try:
-        mod = importlib.import_module(f"tau2.domains.{domain}.environment")
-    except ModuleNotFoundError as e:
-        raise ValueError(f"unknown tau2 domain {domain!r}") from e
+        loaders = load_domain(domain)
+    except UnknownDomainError as e:
+        raise ValueError(str(e)) from None
     from tau2.environment.toolkit import ToolType
 
-    tasks = mod.get_tasks("base")
-    env = mod.get_environment()
+    tasks = loaders.get_tasks(None)
+    env = loaders.get_environment()
     toolkit = env.tools
     is_write = {name: toolkit.tool_type(name) == ToolType.WRITE for name in toolkit.tools}
     del env
     return tasks, is_write
 
+
+
+def _load_tau_bench_domain(domain: str):
+    """``(tasks, {tool_name: is_write})`` for the original tau-bench's ``domain`` (the local stack's
+    ``--domain tau_bench:<domain>``, :func:`rollout.env.tau_bench_env.stack_domain`): its tasks of
+    every split in tau2's task shape (instruction as the reason for the call, gold tool calls,
+    ``outputs`` as ``communicate_info``), see :func:`rollout.env.tau_bench_env.gold_index`.
+
+    Raises:
+        ValueError: tau-bench has no such environment; ImportError: tau-bench is not installed.
+    """
+    from rollout.env.tau_bench_env import UnknownTauBenchDomain, gold_index
+
+    try:
+        return gold_index(domain)
+    except UnknownTauBenchDomain as e:
+        raise ValueError(str(e)) from None
 
 @dataclass(frozen=True)
 class _Plan:
@@ -95,10 +132,18 @@ class _Plan:
     task_ids: tuple[str, ...]
     actions: tuple[tuple[str, dict], ...]  # (tool name, arguments), in order
     final_text: str
+    # dual control: hand-overs to the user due before each action (cumulative, one per action),
+    # and the texts of all hand-overs in order (one per run of the user's gold actions)
+    handovers_before: tuple[int, ...] = ()
+    handovers: tuple[str, ...] = ()
 
 
 def _action_key(name: str, args: dict) -> str:
     return json.dumps([name, args], sort_keys=True, ensure_ascii=False)
+
+
+def _handover_text(names: list[str]) -> str:
+    return "Please do the following on your side, in this order, and tell me what you get: " + ", ".join(names) + "."
 
 
 def _final_text(infos: list[str]) -> str:
@@ -114,15 +159,14 @@ class GoldReplayBackend:
     """Oracle :class:`~rollout.local.backend_api.GenerationBackend` for tau2 tasks.
 
     Args:
-        domain: tau2 domain name (``retail``, ``airline``, ...); all tasks (split ``base``) are
-            indexed once, here.
+        domain: a domain of tau2's registry (``retail``, ``airline``, ``telecom``, ...); every
+            task of it is indexed once, here (telecom: its 2285 tasks, about 2 s).
         tokenizer: a ``transformers`` tokenizer for the Qwen3 chat format (``<|im_end|>`` must be
             one token).
         skip_write: skip the first gold action whose tool is a write tool.
 
     Raises:
-        ValueError: unknown domain, or two tasks share an opening but cannot be replayed by one
-            plan (see the module docstring).
+        ValueError: unknown domain, or a task with an empty reason for the call.
     """
 
     def __init__(self, domain: str, tokenizer, skip_write: bool = False) -> None:
@@ -134,6 +178,9 @@ class GoldReplayBackend:
         if not isinstance(im_end, int) or im_end == getattr(tokenizer, "unk_token_id", None):
             im_end = tokenizer.eos_token_id
         self.eos_id: int = int(im_end)
+        im_start = tokenizer.convert_tokens_to_ids(IM_START)
+        self._im_start_id: int | None = im_start if isinstance(im_start, int) and im_start != getattr(tokenizer, "unk_token_id", None) else None
+        self._pieces: dict[tuple[int, ...], str] = {}  # message token ids -> decoded text
         tasks, self._is_write = _load_domain(domain)
         self._plans: dict[str, _Plan] = self._build_index(tasks)
         # Longest first, so that the most specific reason is tried first.
@@ -143,39 +190,87 @@ class GoldReplayBackend:
             domain, len(tasks), len(self._plans), skip_write,
         )
 
+    def _decode_prompt(self, input_ids: list[int]) -> str:
+        """``tokenizer.decode(input_ids, skip_special_tokens=False)``, message by message with a
+        cache: split before each ``<|im_start|>`` (a special token, which no other piece spans),
+        the pieces decode to the same text as the whole; the system prompt and earlier turns,
+        most of every prompt, are then decoded once (a 10k-token decode costs about 5 ms)."""
+        start = self._im_start_id
+        if start is None:
+            return self.tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        parts: list[str] = []
+        piece: list[int] = []
+        for tok in input_ids:
+            if tok == start and piece:
+                parts.append(self._decode_piece(tuple(piece)))
+                piece = []
+            piece.append(tok)
+        if piece:
+            parts.append(self._decode_piece(tuple(piece)))
+        return "".join(parts)
+
+    def _decode_piece(self, piece: tuple[int, ...]) -> str:
+        text = self._pieces.get(piece)
+        if text is None:
+            text = self.tokenizer.decode(list(piece), skip_special_tokens=False)
+            if len(self._pieces) >= 4096:  # bounded: forget everything and start again
+                self._pieces.clear()
+            self._pieces[piece] = text
+        return text
+
     # ------------------------------------------------------------------ index
     def _build_index(self, tasks) -> dict[str, _Plan]:
+        """Plans by reason for call (the tasks an opening alone identifies); every task's own plan
+        by case number goes to ``self._by_case``."""
         groups: dict[str, list] = {}
+        self._by_case: dict[str, _Plan] = {}
         for task in tasks:
             groups.setdefault(_reason_for_call(task), []).append(task)
+            self._by_case[case_reference(task.id)] = self._plan_for_group([task])
         plans: dict[str, _Plan] = {}
+        ambiguous = 0
         for reason, members in groups.items():
             if not reason:
                 raise ValueError(f"tau2 task(s) {[t.id for t in members]} have an empty reason_for_call")
-            plans[reason] = self._plan_for_group(members)
+            try:
+                plans[reason] = self._plan_for_group(members)
+            except ValueError as e:
+                ambiguous += len(members)
+                logger.debug("%s; they are matched by case number only", e)
+        if ambiguous:
+            logger.info("%d %s tasks share an opening with tasks that need another replay: they are matched by the "
+                        "case number the scripted user states", ambiguous, self.domain)
         return plans
 
-    def _gold(self, task) -> tuple[list[tuple[str, dict]], list[str]]:
+    def _gold(self, task) -> tuple[list[tuple[str, dict]], list[str], tuple[int, ...], tuple[str, ...]]:
+        """``(agent actions, communicate_info, hand-overs due before each action, hand-over texts)``."""
         crit = task.evaluation_criteria
-        actions = []
-        for a in (crit.actions or []) if crit is not None else []:
-            if a.requestor != "assistant":
-                continue  # user-side actions are not the agent's to replay
-            actions.append((a.name, dict(a.arguments)))
+        actions: list[tuple[str, dict]] = []
+        before: list[int] = []
+        handovers: list[str] = []
+        for who, acts in gold_segments(task):
+            if who == "user":  # the scripted user replays these; the oracle hands over first
+                handovers.append(_handover_text([name for name, _ in acts]))
+                continue
+            for name, args in acts:
+                actions.append((name, args))
+                before.append(len(handovers))
         infos = list((crit.communicate_info or []) if crit is not None else [])
-        return actions, infos
+        return actions, infos, tuple(before), tuple(handovers)
 
     def _plan_for_group(self, members: list) -> _Plan:
         ids = tuple(t.id for t in members)
         golds = [self._gold(t) for t in members]
-        keys = [([_action_key(n, a) for n, a in acts], infos) for acts, infos in golds]
+        keys = [([_action_key(n, a) for n, a in acts], infos, before, hand) for acts, infos, before, hand in golds]
         if all(k == keys[0] for k in keys):
             chosen = 0
         else:
             chosen = -1
-            for i, (acts_i, _) in enumerate(keys):
+            needed = set().union(*(set(k[0]) for k in keys))
+            for i, (acts_i, _, _, hand_i) in enumerate(keys):
+                if hand_i or any(k[3] for k in keys):
+                    break  # with user actions the interleaving matters: only identical plans merge
                 have = set(acts_i)
-                needed = set().union(*(set(k[0]) for k in keys))
                 if not needed <= have:
                     continue
                 extras = [golds[i][0][j] for j, k in enumerate(acts_i) if any(k not in set(o[0]) for o in keys)]
@@ -191,8 +286,9 @@ class GoldReplayBackend:
                 )
             logger.info("tasks %s share an opening; replaying task %s's gold actions for all", list(ids), ids[chosen])
         actions = list(golds[chosen][0])
+        before = list(golds[chosen][2])
         infos: list[str] = []
-        for _, inf in golds:
+        for _, inf, _, _ in golds:
             for s in inf:
                 if s not in infos:
                     infos.append(s)
@@ -200,11 +296,15 @@ class GoldReplayBackend:
             for j, (name, _) in enumerate(actions):
                 if self._is_write.get(name, False):
                     del actions[j]
+                    del before[j]
                     break
-        return _Plan(ids, tuple(actions), _final_text(infos))
+        return _Plan(ids, tuple(actions), _final_text(infos), tuple(before), golds[chosen][3])
 
     # ------------------------------------------------------------- matching
     def _match(self, first_user_text: str) -> _Plan | None:
+        case = CASE_REFERENCE_RE.search(first_user_text)
+        if case is not None and case.group(1) in self._by_case:
+            return self._by_case[case.group(1)]
         text = _norm(first_user_text)
         hits = [r for r in self._reasons if r in text]
         # Drop reasons that are only contained in a longer matching reason.
@@ -216,7 +316,7 @@ class GoldReplayBackend:
     # ----------------------------------------------------------- generation
     def next_text(self, input_ids: list[int]) -> str:
         """The oracle's next assistant message (without ``<|im_end|>``) for a prompt."""
-        text = self.tokenizer.decode(list(input_ids), skip_special_tokens=False)
+        text = self._decode_prompt(input_ids)
         messages = [(m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(text)]
         start = 1 if messages and messages[0][0] == "system" else 0
         convo = messages[start:]
@@ -230,6 +330,13 @@ class GoldReplayBackend:
         if plan is None:
             return f"No {self.domain} task matches this conversation (or more than one does); nothing to replay."
         progress = sum(content.count(TOOL_RESPONSE) for _, content, _ in convo)
+        if plan.handovers:  # dual control: hand over to the user before each run of its actions
+            said = sum(1 for role, content, closed in convo[first_user + 1:] if role == "assistant" and closed and TOOL_CALL not in content)
+            due = plan.handovers_before[progress] if progress < len(plan.actions) else len(plan.handovers)
+            if said < due:
+                return plan.handovers[said]
+            if progress >= len(plan.actions):
+                return plan.final_text if said == len(plan.handovers) else STOP_TOKEN
         if progress < len(plan.actions):
             name, args = plan.actions[progress]
             return TOOL_CALL + "\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"

@@ -255,7 +255,7 @@ class LocalStack:
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
             ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``tiny``
             model config).
-        domain: tau2 domain the gold-replay servers index (``retail``, ``airline``).
+        domain: tau2 domain the gold-replay servers index (a registry name: ``retail``, ``airline``, ``telecom``, ...).
         tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
             resolved path; a hub id makes it download).
         log_dir: where ``server-<i>.log`` and ``router.log`` go; None: a temporary folder,

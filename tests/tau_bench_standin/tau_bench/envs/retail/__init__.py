@@ -1,0 +1,3 @@
+"""The stand-in's retail environment."""
+
+from tau_bench.envs.retail.env import MockRetailDomainEnv as MockRetailDomainEnv
