@@ -52,6 +52,11 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[RayHead]:
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
          f"--ray-client-server-port={free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         # The agents' default ports (52365 and others) are taken by any other Ray on the machine,
+         # e.g. the session's local cluster: the job agent then never comes up ("No available agent
+         # to submit job"). Free ports for every one of them.
+         f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+         f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
          "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
