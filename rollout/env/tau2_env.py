@@ -383,7 +383,104 @@ class _SandboxTimeout(Exception):
     """The sandbox did not answer in time and was killed."""
 
 
-class ToolSandbox:
+class KillableChild:
+    """A ``spawn``-ed child process that serves requests over a pipe, one at a time, and is
+    killed when a request outlives its timeout (restarted on the next request). Shared by
+    :class:`ToolSandbox` and the tau-bench adapter's sandbox.
+
+    Protocol: the child sends ``"ready"`` once started, then answers each request with
+    ``("ok", result)`` or ``("exc", message)``. Subclasses give the child's entry point
+    (:meth:`_child`) and a ``label`` for messages. The start-up is bounded by
+    ``startup_timeout_s`` and not counted against any request.
+
+    Args:
+        startup_timeout_s: bound on the child's start-up, seconds.
+    """
+
+    label = "child process"
+
+    def __init__(self, startup_timeout_s: float = 120.0):
+        self.startup_timeout_s = startup_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._lock = threading.Lock()
+        self.kills = 0
+
+    def _child(self) -> tuple[Any, tuple, str]:
+        """``(target, args after the pipe end, process name)`` of the child to start."""
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before the first start and after a kill)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _ensure(self) -> None:
+        """Start the child if needed and wait until it is ready (call it holding ``_lock``).
+
+        Raises:
+            EnvironmentStepError: the child did not start within ``startup_timeout_s`` or died
+                starting (its exit code then in the message).
+        """
+        if self._proc is not None and self._proc.is_alive():
+            return
+        target, args, name = self._child()
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        try:
+            ready = parent.poll(self.startup_timeout_s) and parent.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._proc.join(timeout=0.2)  # a child that died: its exit code
+            code = self._proc.exitcode
+            self.kill()
+            if code is not None:
+                raise EnvironmentStepError(f"{self.label} exited during its start-up (exit code {code})")
+            raise EnvironmentStepError(f"{self.label} did not start within {self.startup_timeout_s:g}s")
+
+    def _stop(self) -> bool:
+        proc, self._proc = self._proc, None
+        if proc is None or not proc.is_alive():
+            return False
+        proc.kill()
+        proc.join(timeout=5)
+        return True
+
+    def kill(self) -> None:
+        """Kill the child (a request ran too long or the pipe broke); counted in ``kills``."""
+        self.kills += int(self._stop())
+
+    def _request(self, request: Any, timeout_s: float) -> Any:
+        """Send one request and wait up to ``timeout_s`` for its result (blocking).
+
+        Raises:
+            _SandboxTimeout: no answer within ``timeout_s`` (the process is killed).
+            EnvironmentStepError: the child did not start, or died.
+            RuntimeError: the request raised in the child (the message says what).
+        """
+        with self._lock:
+            self._ensure()
+            try:
+                self._conn.send(request)
+                if self._conn.poll(timeout_s):
+                    status, result = self._conn.recv()
+                else:
+                    self.kill()
+                    raise _SandboxTimeout()
+            except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
+                self.kill()
+                raise EnvironmentStepError(f"{self.label} died: {e!r}") from None
+        if status != "ok":
+            raise RuntimeError(result)
+        return result
+
+
+class ToolSandbox(KillableChild):
     """A child process that runs model-controlled code: database-free tools (tau2's ``GENERIC`` /
     ``THINK`` tools, e.g. ``calculate``) and tau2's evaluator, which replays those tools. It is
     killed when a request runs too long.
@@ -408,82 +505,19 @@ class ToolSandbox:
 
     def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR", tools_class: str | None = None,
                  evaluator: bool = True):
+        super().__init__(startup_timeout_s)
         self.domain = domain
         self.log_level = log_level
-        self.startup_timeout_s = startup_timeout_s
         self.tools_class = tools_class
         self.with_evaluator = evaluator
         self._evaluator_loaded = False
-        self._ctx = mp.get_context("spawn")
-        self._proc = None
-        self._conn = None
-        self._lock = threading.Lock()
-        self.kills = 0
 
-    @property
-    def pid(self) -> int | None:
-        """The child's process id (None before the first start and after a kill)."""
-        return self._proc.pid if self._proc is not None else None
+    label = "tool sandbox"
 
-    def _ensure(self) -> None:
-        """Start the child if needed and wait until it has built its environment; this start-up
-        (a tau2 import, 1-3 s) is not counted against any step's timeout.
-
-        Raises:
-            EnvironmentStepError: the child did not start within ``startup_timeout_s`` or died.
-        """
-        if self._proc is not None and self._proc.is_alive():
-            return
-        parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_sandbox_main, args=(child, self.domain, self.log_level, os.getpid(), self.tools_class, self.with_evaluator),
-                                       daemon=True, name=f"tool-sandbox-{self.domain}")
-        self._evaluator_loaded = self.with_evaluator
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        try:
-            ready = parent.poll(self.startup_timeout_s) and parent.recv() == "ready"
-        except (EOFError, OSError):
-            ready = False
-        if not ready:
-            self.kill()
-            raise EnvironmentStepError(f"tool sandbox did not start within {self.startup_timeout_s}s")
-
-    def _stop(self) -> bool:
-        proc, self._proc = self._proc, None
-        if proc is None or not proc.is_alive():
-            return False
-        proc.kill()
-        proc.join(timeout=5)
-        return True
-
-    def kill(self) -> None:
-        """Kill the child (a call ran too long or the pipe broke); counted in ``kills``."""
-        self.kills += int(self._stop())
-
-    def _request(self, request: tuple, timeout_s: float) -> Any:
-        """Send one request and wait up to ``timeout_s`` for its result (blocking).
-
-        Raises:
-            _SandboxTimeout: no answer within ``timeout_s`` (the process is killed).
-            EnvironmentStepError: the sandbox did not start, or died.
-            RuntimeError: the request raised in the child (the message says what).
-        """
-        with self._lock:
-            self._ensure()
-            try:
-                self._conn.send(request)
-                if self._conn.poll(timeout_s):
-                    status, result = self._conn.recv()
-                else:
-                    self.kill()
-                    raise _SandboxTimeout()
-            except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
-                self.kill()
-                raise EnvironmentStepError(f"tool sandbox died: {e!r}") from None
-        if status != "ok":
-            raise RuntimeError(result)
-        return result
+    def _child(self) -> tuple[Any, tuple, str]:
+        self._evaluator_loaded = self.with_evaluator  # a new child: loaded at start, or not
+        return (_sandbox_main, (self.domain, self.log_level, os.getpid(), self.tools_class, self.with_evaluator),
+                f"tool-sandbox-{self.domain}")
 
     def call(self, name: str, args: dict, timeout_s: float) -> tuple[str, bool]:
         """Run one tool call; blocking (call it from a thread).

@@ -75,7 +75,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import multiprocessing as mp
 import os
 import threading
 import time
@@ -86,7 +85,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.config import EnvConfig, UserConfig
-from rollout.env.tau2_env import Action, EnvironmentStepError, RewardError, ToolTimeoutError
+from rollout.env.tau2_env import Action, EnvironmentStepError, KillableChild, RewardError, ToolTimeoutError, _SandboxTimeout
 from rollout.env.tau_bench_child import child_main
 from rollout.env.user import STOP, UserSimulatorError
 
@@ -358,7 +357,7 @@ _POLL_S = 0.25  # the waiting coroutine re-reads the phase at least this often (
 
 
 # -- the sandbox for tools that evaluate model text (its child: rollout.env.tau_bench_child) -------------
-class TauBenchToolSandbox:
+class TauBenchToolSandbox(KillableChild):
     """A child process that runs tau-bench's :data:`SANDBOXED_TOOLS` (``calculate``, which
     evaluates its argument with ``eval``) and is killed when a call outlives its timeout, so a
     runaway expression cannot hold the actor. One per actor; calls are serialised; started with
@@ -370,19 +369,14 @@ class TauBenchToolSandbox:
         startup_timeout_s: bound on the start-up, seconds.
     """
 
-    def __init__(self, tool_classes: list[str], startup_timeout_s: float = 120.0):
-        self.tool_classes = list(tool_classes)
-        self.startup_timeout_s = startup_timeout_s
-        self._ctx = mp.get_context("spawn")
-        self._proc = None
-        self._conn = None
-        self._lock = threading.Lock()
-        self.kills = 0
+    label = "tau-bench tool sandbox"
 
-    @property
-    def pid(self) -> int | None:
-        """The child's process id (None before the first start and after a kill)."""
-        return self._proc.pid if self._proc is not None else None
+    def __init__(self, tool_classes: list[str], startup_timeout_s: float = 120.0):
+        super().__init__(startup_timeout_s)
+        self.tool_classes = list(tool_classes)
+
+    def _child(self) -> tuple[Any, tuple, str]:
+        return child_main, (os.getpid(), self.tool_classes), "tau-bench-tool-sandbox"
 
     def start(self) -> None:
         """Start the child unless it runs (blocking, at most ``startup_timeout_s``).
@@ -392,40 +386,6 @@ class TauBenchToolSandbox:
         """
         with self._lock:
             self._ensure()
-
-    def _ensure(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            return
-        parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=child_main, args=(child, os.getpid(), self.tool_classes), daemon=True,
-                                       name="tau-bench-tool-sandbox")
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        try:
-            ready = parent.poll(self.startup_timeout_s) and parent.recv() == "ready"
-        except (EOFError, OSError):
-            ready = False
-        if not ready:
-            if self._proc is not None:
-                self._proc.join(timeout=0.2)  # a child that died: its exit code
-            code = self._proc.exitcode if self._proc is not None else None
-            self.kill()
-            if code is not None:
-                raise EnvironmentStepError(f"tau-bench tool sandbox exited during its start-up (exit code {code})")
-            raise EnvironmentStepError(f"tau-bench tool sandbox did not start within {self.startup_timeout_s:g}s")
-
-    def _stop(self) -> bool:
-        proc, self._proc = self._proc, None
-        if proc is None or not proc.is_alive():
-            return False
-        proc.kill()
-        proc.join(timeout=5)
-        return True
-
-    def kill(self) -> None:
-        """Kill the child; counted in ``kills`` when it was running."""
-        self.kills += int(self._stop())
 
     def call(self, tool_class: str, kwargs: dict[str, Any], timeout_s: float, name: str = "") -> str:
         """Run ``tool_class.invoke(data={}, **kwargs)`` in the child; blocking (call it from a thread).
@@ -440,22 +400,12 @@ class TauBenchToolSandbox:
                 ``"Error: <message>"``, as when the tool runs in-process).
             EnvironmentStepError: the child did not start or died.
         """
-        with self._lock:
-            self._ensure()
-            t0 = time.monotonic()
-            try:
-                self._conn.send((tool_class, kwargs))
-                if not self._conn.poll(timeout_s):
-                    self.kill()
-                    name = name or tool_class.rpartition(":")[2]
-                    raise ToolTimeoutError(f"tool {name} ran longer than {timeout_s:g}s ({time.monotonic() - t0:.1f}s) and was killed")
-                status, result = self._conn.recv()
-            except (EOFError, OSError) as e:
-                self.kill()
-                raise EnvironmentStepError(f"tau-bench tool sandbox died: {e!r}") from None
-        if status != "ok":
-            raise RuntimeError(result)
-        return result
+        t0 = time.monotonic()
+        try:
+            return self._request((tool_class, kwargs), timeout_s)
+        except _SandboxTimeout:
+            name = name or tool_class.rpartition(":")[2]
+            raise ToolTimeoutError(f"tool {name} ran longer than {timeout_s:g}s ({time.monotonic() - t0:.1f}s) and was killed") from None
 
     def close(self) -> None:
         """Stop the child (not counted in ``kills``)."""
