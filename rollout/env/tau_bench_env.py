@@ -84,10 +84,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.config import EnvConfig, UserConfig
+from rollout.config import EnvConfig
 from rollout.env.tau2_env import Action, EnvironmentStepError, KillableChild, RewardError, ToolTimeoutError, _SandboxTimeout
 from rollout.env.tau_bench_child import child_main
-from rollout.env.user import STOP, UserSimulatorError
+from rollout.env.user import STOP, UserSimulatorError, user_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -243,20 +243,6 @@ class ScriptedTauBenchUser:
 
 _ENDPOINT_LOCK = threading.Lock()
 _ENDPOINT: tuple[str | None, str] | None = None
-
-
-def _user_api_key(cfg: UserConfig) -> str:
-    """The key named by ``env.user.api_key_env`` ("" when none is configured).
-
-    Raises:
-        UserSimulatorError: the variable is configured but unset or empty.
-    """
-    if not cfg.api_key_env:
-        return ""
-    key = os.environ.get(cfg.api_key_env, "")
-    if not key.strip():
-        raise UserSimulatorError(f"environment variable {cfg.api_key_env} (env.user.api_key_env) is not set or empty")
-    return key
 
 
 def point_litellm_at(base_url: str | None, api_key: str) -> None:
@@ -781,7 +767,7 @@ class TauBenchEnvironment:
             raise UserSimulatorError(f"env.user.kind: unknown user simulator {ucfg.kind!r}")
         if not ucfg.base_url or not ucfg.model:
             raise UserSimulatorError("env.user.base_url and env.user.model are required for tau-bench's llm user simulator")
-        point_litellm_at(ucfg.base_url, _user_api_key(ucfg))
+        point_litellm_at(ucfg.base_url, user_api_key(ucfg))
         user_mod = importlib.import_module("tau_bench.envs.user")
         return user_mod.load_user(USER_STRATEGY, model=ucfg.model, provider=USER_PROVIDER)
 

@@ -272,7 +272,7 @@ async def _litellm_off_loop(timeout_s: float):
     return await asyncio.wait_for(asyncio.to_thread(_import_litellm), timeout_s)
 
 
-def _api_key(cfg: UserConfig) -> str:
+def user_api_key(cfg: UserConfig) -> str:
     """The API key named by ``cfg.api_key_env`` ("" when no variable is configured).
 
     Raises:
@@ -461,7 +461,7 @@ class LLMUser:
             raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
         self.cfg = cfg
         self.seed = seed
-        self.api_key = _api_key(cfg)
+        self.api_key = user_api_key(cfg)
         self.calls = 0  # endpoint calls made, retries included
         self.retries = 0
         self._rng = random.Random()
@@ -676,7 +676,7 @@ async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None
         raise ValueError(f"env.user.kind: unknown user simulator {cfg.kind!r}")
     if not cfg.base_url or not cfg.model:
         raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
-    key = _api_key(cfg)
+    key = user_api_key(cfg)
     import aiohttp
 
     base = cfg.base_url.rstrip("/")
