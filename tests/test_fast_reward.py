@@ -99,6 +99,7 @@ def test_fast_rewards_equal_tau2_on_a_spread_of_tasks(name, request):
 
 
 @pytest.mark.extended  # CI runs test_fast_rewards_equal_tau2_on_a_spread_of_tasks (10-20 min here)
+@pytest.mark.timeout(3600)  # the whole matrix: far past the suite's 300 s per test
 @pytest.mark.parametrize("name", ["retail", "airline"])
 def test_fast_rewards_equal_tau2_on_every_task(name, request):
     domain = request.getfixturevalue(name)
