@@ -35,18 +35,30 @@ turn 2. A turn costs us what its new message costs (a 1k-token tool result more 
 reply) and nothing for the history, so the growth target is measured on the same step (the last
 turn's generated ids and next message) appended as turn 2 and as the last turn, and both ways are
 printed; the ratio of the conversation's own turns 2 and last is printed next to it.
+**The event loop while tokenizing** (printed after the table). The episode loop tokenizes in
+worker threads so that its event loop stays free, which holds only while the thread lets go of
+the GIL. With the whole last-turn conversation (its text and ids), one thread encodes and decodes
+in a loop for ``--lag-seconds`` while a :class:`rollout.worker.LoopLagProbe` on the event loop
+measures how late it is woken, twice: through ``transformers`` (``tokenizer.encode`` /
+``tokenizer.decode``) and through :class:`rollout.chat.ChatTemplate` (the Rust backend's batch
+calls, which release the GIL). The same section times the JSON encoding of that prompt's
+``/generate`` body, ``json.dumps`` against :func:`rollout.fastjson.dumps` (orjson), which the
+event loop does for every call. Both are printed side by side with their ratios.
+
 Usage::
 
     python -m rollout.bench turns [--config configs/local.yaml] [--domain retail|airline]
-        [--turns 30] [--repeat 30] [--json FILE] [key=value ...]
+        [--turns 30] [--repeat 30] [--lag-seconds 3] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,6 +388,90 @@ def summarize(rows: list[dict[str, Any]], same_step: dict[str, Any]) -> dict[str
             "ratio_met": ratio >= TARGET_RATIO, "growth_met": growth is not None and growth <= TARGET_GROWTH}
 
 
+def loop_lag_while(work, seconds: float) -> dict[str, Any]:
+    """Event-loop lag of a fresh asyncio loop while one thread calls ``work()`` over and over.
+
+    Args:
+        work: the blocking call the thread repeats.
+        seconds: how long to measure (> 0).
+
+    Returns:
+        :meth:`rollout.worker.LoopLagProbe.stats` (10 ms probe) plus ``"calls"``: how many times
+        the thread completed ``work`` meanwhile.
+    """
+    from rollout.worker import LoopLagProbe
+
+    async def run() -> dict[str, Any]:
+        probe = LoopLagProbe(0.01)
+        probe.start()
+        stop, calls = threading.Event(), [0]
+
+        def loop_work() -> None:
+            while not stop.is_set():
+                work()
+                calls[0] += 1
+
+        thread = threading.Thread(target=loop_work, name="bench-tokenize", daemon=True)
+        thread.start()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            stop.set()
+            stats = probe.stats()
+            probe.stop()
+            await asyncio.to_thread(thread.join)
+        return {**stats, "calls": calls[0]}
+
+    return asyncio.run(run())
+
+
+def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds: float, repeat: int) -> dict[str, Any]:
+    """The event loop's lag while a thread tokenizes the whole last-turn conversation, through
+    ``transformers`` and through ``chat`` (see the module docstring), and the CPU time of the
+    JSON encoding of its ``/generate`` body with ``json`` and with :mod:`rollout.fastjson`.
+
+    Returns:
+        ``{"tokens", "transformers": {...}, "ours": {...}, "p99_ratio", "json_stdlib_ms",
+        "json_ours_ms", "json_ratio", "json_bytes"}``: the two lag dicts of :func:`loop_lag_while`,
+        p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours.
+    """
+    from rollout import fastjson
+
+    messages = list(opening) + [m for st in steps for m in (st.assistant, st.follow)]
+    text = chat.render(messages, add_generation_prompt=True)
+    ids = chat.encode(text)
+    tok = chat.tokenizer
+    out: dict[str, Any] = {"tokens": len(ids)}
+    out["transformers"] = loop_lag_while(
+        lambda: (tok.encode(text, add_special_tokens=False), tok.decode(ids, skip_special_tokens=False)), seconds)
+    out["ours"] = loop_lag_while(lambda: (chat.encode(text), chat.decode(ids)), seconds)
+    a, b = out["transformers"]["p99_ms"], out["ours"]["p99_ms"]
+    out["p99_ratio"] = round(a / b, 1) if a is not None and b else None
+    body = {"input_ids": ids, "sampling_params": {"temperature": 1.0, "max_new_tokens": 1024, "stop": ["</tool_call>"]},
+            "return_logprob": True, "rid": "bench-0@0#0"}
+    std = _median_cpu_s(lambda: json.dumps(body), repeat) * 1e3
+    ours = _median_cpu_s(lambda: fastjson.dumps(body), repeat) * 1e3
+    out.update({"json_stdlib_ms": round(std, 4), "json_ours_ms": round(ours, 4),
+                "json_ratio": round(std / ours, 1) if ours > 0 else None, "json_bytes": len(fastjson.dumps(body))})
+    return out
+
+
+def format_loop(loop: dict[str, Any], releases_gil: bool) -> str:
+    """The event-loop section of the report (see :func:`measure_loop`)."""
+    def row(name: str, d: dict[str, Any]) -> str:
+        return f"  {name:<34} {d['p50_ms']:>8.2f} {d['p99_ms']:>8.2f} {d['max_ms']:>8.2f} {d['calls']:>6}"
+
+    lines = [f"event loop while a thread encodes and decodes the last turn's {loop['tokens']} tokens "
+             f"(10 ms probe; ChatTemplate {'uses the Rust batch calls' if releases_gil else 'falls back to transformers'}):",
+             f"  {'way':<34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'calls':>6}",
+             row("transformers encode + decode", loop["transformers"]),
+             row("ChatTemplate.encode + decode (ours)", loop["ours"]),
+             f"  lag p99 transformers / ours: {loop['p99_ratio']}x",
+             f"/generate body of {loop['tokens']} ids ({loop['json_bytes']} bytes): json.dumps {loop['json_stdlib_ms']:.3f} ms, "
+             f"ours (orjson) {loop['json_ours_ms']:.3f} ms: {loop['json_ratio']}x"]
+    return "\n".join(lines)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The per-turn table, one line per turn: tokens so far (the next prompt's length), tokens
     our way tokenized that turn (the turn close and the next message's delta), both times, ratio."""
@@ -393,6 +489,8 @@ def add_parser(sub) -> None:
     p.add_argument("--domain", default=None, choices=sorted(SCRIPTS), help="tau2 domain (default: the config's env.domain)")
     p.add_argument("--turns", type=int, default=30, help="agent turns in the conversation")
     p.add_argument("--repeat", type=int, default=30, help="timed repetitions per turn and way (median reported)")
+    p.add_argument("--lag-seconds", type=float, default=3.0,
+                   help="seconds of event-loop lag measured per tokenizer way (0 skips the section)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. policy.tokenizer=/path")
     p.set_defaults(run=main_turns)
@@ -415,8 +513,8 @@ def main_turns(args) -> int:
     from rollout.tokenizer import load_tokenizer
     from rollout.worker import setup_logging
 
-    if args.turns < 2 or args.repeat < 1:
-        print("error: --turns must be >= 2 and --repeat >= 1", file=sys.stderr)
+    if args.turns < 2 or args.repeat < 1 or args.lag_seconds < 0:
+        print("error: --turns must be >= 2, --repeat >= 1 and --lag-seconds >= 0", file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.config, list(args.overrides))
@@ -452,10 +550,14 @@ def main_turns(args) -> int:
           f"{'met' if s['growth_met'] else 'NOT met'}; seed: {same['seed_at_last_ms']:.3f} / {same['seed_at_2_ms']:.3f} ms = {s['growth_seed']:.2f}")
     print(f"ours at turn {n} / ours at turn 2 as they come ({rows[-1]['new_tokens']} vs {rows[1]['new_tokens']} new tokens: "
           f"a turn costs what its new message costs): {s['growth_raw']:.2f}; seed: {s['growth_raw_seed']:.2f}")
+    loop = measure_loop(chat, opening, steps, args.lag_seconds, args.repeat) if args.lag_seconds > 0 else None
+    if loop is not None:
+        print(format_loop(loop, chat.releases_gil))
     if args.json:
         out = {"domain": domain_name, "tokenizer": cfg.policy.tokenizer, "enable_thinking": cfg.policy.enable_thinking,
                "turns": n, "repeat": args.repeat, "clock": "time.process_time", "identical_ids": True,
-               "rows": rows, "same_step": same, **s, "targets": {"ratio_last": TARGET_RATIO, "growth": TARGET_GROWTH}}
+               "rows": rows, "same_step": same, **s, "targets": {"ratio_last": TARGET_RATIO, "growth": TARGET_GROWTH},
+               "releases_gil": chat.releases_gil, "loop": loop}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"json: {args.json}")
     return 0

@@ -39,6 +39,13 @@ _MARK = "ROLLOUT-DELTA-MARK-5c1e"
 _CONTENT_MARK = "ROLLOUT-CONTENT-MARK-9d2a"  # stands for a message's content in the per-role probe
 _DUMMY_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 _DUMMY_USER = {"role": "user", "content": "Hello."}
+# Bounds on the tokenizer work the event loop does itself (try_decode_now, try_delta_ids_now):
+# about 0.1-0.2 ms at most, less than handing the call to a thread and back. Measured here with
+# Qwen3's tokenizer: encoding costs 1.1-1.5 us per token (400 characters of JSON: ~150 tokens),
+# decoding 512 ids about 70 us.
+INLINE_MAX_IDS = 512
+INLINE_MAX_CHARS = 400
+PROMPT_PREFIX_CACHE = 16  # distinct prompt prefixes (system prompt + tools) kept per template
 
 
 class TemplateError(RuntimeError):
@@ -121,8 +128,16 @@ class ChatTemplate:
         self._turn_tail: str | None = None
         # Episodes tokenize from worker threads; a Rust tokenizer shared across threads can fail
         # with "Already borrowed" if calls overlap, so calls into it are serialised. The event loop
-        # never takes this lock: the episode loop encodes and decodes in executor threads.
+        # never waits on this lock: it encodes and decodes in executor threads, or itself for a
+        # short text when the lock is free (try_decode_now, try_delta_ids_now).
         self._lock = threading.Lock()
+        # The Rust backend's batch calls, which release the GIL (see _gil_free_codec), or None.
+        self._codec = _gil_free_codec(tokenizer)
+        # prompt_ids: ids of shared prompt prefixes (system prompt + tools), and prefixes whose
+        # halves did not tokenize apart; the special tokens a prompt may be cut before.
+        self._prefix_ids: dict[str, list[int]] = {}
+        self._prefix_refused: set[str] = set()
+        self._cut_tokens: tuple[str, ...] = _cut_tokens(tokenizer)
         # role -> (prefix, suffix) of a one-message delta, or None where the template does not
         # copy the content verbatim (probed once per role, see _affixes).
         self._role_affixes: dict[str, tuple[str, str] | None] = {}
@@ -144,6 +159,8 @@ class ChatTemplate:
         6k-token prompt takes milliseconds). Async code calls it in a thread.
         """
         with self._lock:
+            if self._codec is not None:
+                return self._codec.encode(text)
             return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
@@ -152,11 +169,99 @@ class ChatTemplate:
         Blocking: it takes the tokenizer lock (see :meth:`encode`). Async code calls it in a thread.
         """
         with self._lock:
+            if self._codec is not None:
+                return self._codec.decode(ids)
             return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def try_decode_now(self, ids: list[int]) -> str | None:
+        """:meth:`decode` on the calling thread when that is cheap and cannot wait, else None.
+
+        The event loop calls this before handing a decode to a thread: a turn's generated ids
+        (tens to hundreds) decode in tens of microseconds, less than the hand-off itself. It
+        decodes only with the Rust codec, at most :data:`INLINE_MAX_IDS` ids, and only when the
+        tokenizer lock is free (never waits on a thread encoding a large prompt).
+        """
+        if self._codec is None or len(ids) > INLINE_MAX_IDS or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._codec.decode_holding_gil(ids)
+        finally:
+            self._lock.release()
+
+    def try_delta_ids_now(self, messages: list[dict]) -> list[int] | None:
+        """:meth:`delta_ids` on the calling thread when that is cheap and cannot wait, else None:
+        one message whose delta comes from the probed affixes (no template rendering), of at most
+        :data:`INLINE_MAX_CHARS` characters, with the Rust codec and a free tokenizer lock (see
+        :meth:`try_decode_now`)."""
+        if self._codec is None or len(messages) != 1:
+            return None
+        msg = messages[0]
+        content = msg.get("content")
+        if not (isinstance(content, str) and content.strip() and msg.keys() <= {"role", "content"}):
+            return None
+        if len(content) > INLINE_MAX_CHARS:
+            return None
+        role = str(msg.get("role"))
+        if role not in self._role_affixes:  # probing renders the template: leave it to a thread
+            return None
+        affixes = self._role_affixes[role]
+        if affixes is None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._codec.encode_holding_gil(affixes[0] + content + affixes[1])
+        finally:
+            self._lock.release()
+
+    @property
+    def releases_gil(self) -> bool:
+        """Whether :meth:`encode` and :meth:`decode` run in the Rust backend with the GIL released
+        (see :func:`_gil_free_codec`); False means the ``transformers`` calls, which hold it."""
+        return self._codec is not None
+
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the first prompt: ``messages`` (system and first user turn) + generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        """Ids of the first prompt: ``messages`` (system and first user turn) + generation prompt.
+
+        Every episode of a domain opens with the same system prompt and tool schemas (about 5k
+        tokens on tau-bench) and differs from the turn of its last message on. That shared text
+        is tokenized once per actor and its ids reused: the prompt is cut right before the
+        special token that opens the last message's turn (``<|im_start|>`` for Qwen3), where a
+        tokenizer splits anyway (special tokens are matched before any other rule, so no token
+        spans the cut; tokens that strip whitespace on their left are never cut before). The
+        first prompt with a given prefix is tokenized whole and compared with the two halves'
+        ids; a prefix whose halves differ is never reused.
+
+        Blocking (rendering and tokenizing): async code calls it in a thread.
+        """
+        text = self.render(messages, add_generation_prompt=True)
+        cut = self._prompt_cut(text, messages)
+        if cut <= 0:
+            return self.encode(text)
+        prefix = text[:cut]
+        ids = self._prefix_ids.get(prefix)
+        if ids is not None:
+            return ids + self.encode(text[cut:])
+        full = self.encode(text)
+        if prefix not in self._prefix_refused and len(self._prefix_ids) < PROMPT_PREFIX_CACHE:
+            head = self.encode(prefix)
+            if head + self.encode(text[cut:]) == full:
+                self._prefix_ids[prefix] = head
+            else:
+                logger.info("chat template: the prompt prefix does not tokenize apart from its rest; not reused")
+                self._prefix_refused.add(prefix)
+        return full
+
+    def _prompt_cut(self, text: str, messages: list[dict]) -> int:
+        """Where :meth:`prompt_ids` cuts ``text``: the start of the last cut token (a special
+        token that does not strip on its left) in the 256 characters before the last message's
+        content; 0 when there is none."""
+        content = messages[-1].get("content") if messages else None
+        if not isinstance(content, str) or not content or not self._cut_tokens:
+            return 0
+        pos = text.rfind(content)
+        if pos <= 0:
+            return 0
+        lo = max(0, pos - 256)
+        return max((text.rfind(tok, lo, pos) for tok in self._cut_tokens), default=-1)
 
     def _delta_text(self, messages: list[dict], previous_assistant: dict | None = None) -> str:
         prev = previous_assistant or {"role": "assistant", "content": _MARK}
@@ -309,3 +414,117 @@ class ChatTemplate:
             rep.canonical_boundary[nk] = self.encode(prefix) + self.encode(ref) == self.encode(prefix + ref)
             rep.verbatim_roles[nk] = self._affixes(nk) is not None
         return rep
+
+
+def _cut_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """Special added tokens a prompt may be cut right before (:meth:`ChatTemplate.prompt_ids`):
+    matched on the raw text (not normalized) and not stripping whitespace on their left."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    out = []
+    for tok in added.values():
+        content = getattr(tok, "content", None)
+        if (isinstance(content, str) and content and getattr(tok, "special", False)
+                and not getattr(tok, "lstrip", True) and not getattr(tok, "normalized", True)):
+            out.append(content)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- GIL-free tokenizer calls
+class _RustCodec:
+    """Encode and decode through a fast tokenizer's Rust backend (a ``tokenizers.Tokenizer``):
+    its *batch* calls, which release the GIL while they run (for worker threads), and its plain
+    calls, which hold it (for the event loop's short texts).
+
+    Why: the episode loop tokenizes in worker threads so that the event loop stays free, but a
+    thread only leaves the loop free if it lets go of the GIL. ``transformers``' ``encode`` builds
+    a ``BatchEncoding`` (offsets included) under the GIL and ``Tokenizer.decode`` holds it
+    throughout, while ``encode_batch_fast`` / ``decode_batch`` release it for the Rust work, and
+    ``encode_batch_fast`` skips the offsets. ``python -m rollout.bench turns`` measures both ways
+    side by side (the main thread's lag while a thread tokenizes). The ids and text are the same
+    as ``transformers``' (checked by :func:`_gil_free_codec` before use).
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, the GIL released meanwhile (for worker threads)."""
+        return self._encode_batch([text], add_special_tokens=False)[0].ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, the GIL released meanwhile (for worker threads)."""
+        return self._backend.decode_batch([list(ids)], skip_special_tokens=False)[0]
+
+    def encode_holding_gil(self, text: str) -> list[int]:
+        """Ids of ``text`` without releasing the GIL: for the event loop's short texts. A thread
+        that lets the GIL go must take it back, which, while other threads run Python, waits up
+        to the interpreter's switch interval (5 ms): far more than encoding a short text costs.
+        (Measured with ``py-spy``: the loop spent 40% of its busy time in those waits when its
+        short texts went through the releasing calls.)"""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode_holding_gil(self, ids: list[int]) -> str:
+        """Text of ``ids`` without releasing the GIL (see :meth:`encode_holding_gil`)."""
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+
+def _codec_check_texts(tokenizer: Any) -> list[str]:
+    """Texts on which the Rust calls must give ``transformers``' ids and text: special tokens in
+    running text, JSON, whitespace runs, non-ASCII, and (where the tokenizer has one) a rendered
+    chat with a tool schema."""
+    specials = [t for t in (getattr(tokenizer, "all_special_tokens", None) or []) if isinstance(t, str)][:8]
+    texts = [
+        "",
+        "Hello, world.  Two  spaces\n\n\tand a tab.",
+        '{"order_id": "#W2378156", "items": [{"price": 54.04, "options": {"color": "blue"}}]}',
+        "Straße, naïve café, 東京, emoji \U0001F600\U0001F469\u200d\U0001F4BB, \u00a0nbsp",
+        "<tool_call>\n{\"name\": \"get_user_details\", \"arguments\": {\"user_id\": \"mia_li_3668\"}}\n</tool_call>",
+        " ".join(f"x{t}y {t}\n{t}" for t in specials),
+    ]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            tool = {"type": "function", "function": {"name": "lookup", "description": "Look up an order.",
+                                                     "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}
+            texts.append(tokenizer.apply_chat_template(
+                [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "Where is #W1?"}],
+                tools=[tool], tokenize=False, add_generation_prompt=True))
+        except Exception as e:  # a template that needs other messages: the plain texts suffice
+            logger.debug("chat template: no rendered text for the codec check: %r", e)
+    return texts
+
+
+def _gil_free_codec(tokenizer: Any) -> _RustCodec | None:
+    """A :class:`_RustCodec` over ``tokenizer``'s Rust backend when it gives exactly the ids and
+    text of ``tokenizer.encode(text, add_special_tokens=False)`` and ``tokenizer.decode(ids,
+    skip_special_tokens=False)``; None otherwise (a slow tokenizer, one that cleans up spaces or
+    splits special tokens, or a check that fails), and the ``transformers`` calls are used.
+
+    The check encodes and decodes :func:`_codec_check_texts` both ways, plus ids that cut a
+    multi-byte character in half. Never raises.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not type(backend).__module__.startswith("tokenizers"):
+        return None
+    if not all(hasattr(backend, a) for a in ("encode_batch", "decode_batch")):
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False) or getattr(tokenizer, "split_special_tokens", False):
+        return None
+    if getattr(backend, "encode_special_tokens", False):
+        return None
+    codec = _RustCodec(backend)
+    try:
+        for text in _codec_check_texts(tokenizer):
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            if codec.encode(text) != ids or codec.encode_holding_gil(text) != ids:
+                logger.info("chat template: the Rust tokenizer's ids differ from transformers' on %r; not used", text[:60])
+                return None
+            for probe in (ids, ids[: max(1, len(ids) // 2)], ids[1:]):
+                want = tokenizer.decode(probe, skip_special_tokens=False)
+                if codec.decode(probe) != want or codec.decode_holding_gil(probe) != want:
+                    logger.info("chat template: the Rust tokenizer's text differs from transformers'; not used")
+                    return None
+    except Exception as e:  # any surprise: keep the transformers calls
+        logger.info("chat template: the Rust tokenizer's batch calls are not usable (%r)", e)
+        return None
+    return codec

@@ -129,6 +129,9 @@ class PoolConfig:
     # are recorded as undelivered (``--resume`` runs them).
     no_actor_timeout_s: float = 120.0
     ray_address: Optional[str] = None  # null: connect to a running cluster or start a local one
+    # The actors' sys.setswitchinterval, milliseconds (Python's default is 5): how long the event
+    # loop may wait for the GIL after each system call while a worker thread runs Python.
+    gil_switch_interval_ms: float = 1.0
 
 
 @dataclass
@@ -269,6 +272,7 @@ def validate(cfg: Config) -> Config:
     _check(cfg.pool.max_episode_retries >= 0, "pool.max_episode_retries", "must be >= 0")
     _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
     _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
+    _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:

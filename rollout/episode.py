@@ -113,9 +113,10 @@ class TokenizeTimeout(RuntimeError):
 async def _off_loop(settings: EpisodeSettings, fn, *args):
     """``fn(*args)`` in a thread, bounded by ``settings.tokenize_timeout_s``.
 
-    Every tokenizer call of the loop goes through here: the chat template serialises calls into
-    the Rust tokenizer with a lock that threads hold while they encode large prompts, so the
-    event loop never calls it itself (it would wait on that lock).
+    Every tokenizer call of the loop goes through here, except short ones that the chat template
+    can make at once (:meth:`ChatTemplate.try_decode_now`, :meth:`ChatTemplate.try_delta_ids_now`):
+    the template serialises calls into the Rust tokenizer with a lock that threads hold while they
+    encode large prompts, and the event loop never waits on that lock.
 
     Raises:
         TokenizeTimeout: the call did not finish in time (its thread finishes on its own).
@@ -125,6 +126,17 @@ async def _off_loop(settings: EpisodeSettings, fn, *args):
     except asyncio.TimeoutError:
         name = getattr(fn, "__name__", "tokenizer call")
         raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
+
+
+async def _delta_ids(settings: EpisodeSettings, chat: ChatTemplate, message: dict) -> list[int]:
+    """:meth:`ChatTemplate.delta_ids` of one message: on the loop when it is short (see
+    :meth:`ChatTemplate.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
+
+    Raises:
+        TokenizeTimeout: the thread did not finish in time.
+    """
+    ids = chat.try_delta_ids_now([message])
+    return ids if ids is not None else await _off_loop(settings, chat.delta_ids, [message])
 
 
 @dataclass
@@ -312,10 +324,13 @@ async def run_episode(
         gen_ids = turn.ids
         meta["turns"] += 1
         closed = chat.ends_turn(gen_ids)
-        try:
-            text = await _off_loop(settings, chat.decode, gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids)
-        except TokenizeTimeout as e:
-            return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+        body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
+        text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
+        if text is None:
+            try:
+                text = await _off_loop(settings, chat.decode, body_ids)
+            except TokenizeTimeout as e:
+                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
         if not closed:
             # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
             # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
@@ -334,7 +349,7 @@ async def run_episode(
             feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
             messages.append(feedback)
             try:
-                delta = await _off_loop(settings, chat.delta_ids, [feedback])
+                delta = await _delta_ids(settings, chat, feedback)
             except TokenizeTimeout as te:
                 return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(te))
             if not _append_delta(traj, delta, settings):
@@ -367,7 +382,7 @@ async def run_episode(
         nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
         messages.append(nxt)
         try:
-            delta = await _off_loop(settings, chat.delta_ids, [nxt])
+            delta = await _delta_ids(settings, chat, nxt)
         except TokenizeTimeout as e:
             return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
         if not _append_delta(traj, delta, settings):

@@ -43,6 +43,7 @@ from typing import Any, AsyncIterator, Protocol
 
 import aiohttp
 
+from rollout import fastjson
 from rollout.config import PolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -488,7 +489,7 @@ class SGLangClient:
                 message never holds the API key.
         """
         body = self.payload(input_ids, max_new_tokens, rid, seed)
-        headers = {ROUTING_HEADER: routing_key, **self._auth}
+        headers = {ROUTING_HEADER: routing_key, "Content-Type": "application/json", **self._auth}
         timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)
         breaker = self.breaker
         counted = 0  # failures that spent a retry
@@ -555,7 +556,8 @@ class SGLangClient:
             PolicyServerError: a 4xx answer, or a 200 answer that is JSON but malformed (not retried).
         """
         try:
-            async with self.session.post(self.url, json=body, timeout=timeout, headers=headers) as resp:
+            # orjson: the body holds the whole prompt's ids, which json.dumps encodes ~10x slower
+            async with self.session.post(self.url, data=fastjson.dumps(body), timeout=timeout, headers=headers) as resp:
                 if resp.status != 200:
                     text = _redact((await resp.text(errors="replace"))[:300], self._api_key)
                     msg = f"/generate answered {resp.status}: {text}"
@@ -576,7 +578,7 @@ class SGLangClient:
         except aiohttp.ClientError as e:
             return "retry", _describe(e, self._api_key), None
         try:
-            data = json.loads(raw)
+            data = fastjson.loads(raw)
         except ValueError:  # e.g. cut short by a proxy: a failure of this request, retried
             live.append(rid)
             return "retry", f"/generate answered 200 with a body that is not JSON ({len(raw)} bytes)", None

@@ -256,7 +256,8 @@ class RolloutPool:
         opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0)
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
-                self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout
+                self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
+                own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms,
             )
             for _ in range(p.num_actors)
         ]

@@ -146,3 +146,104 @@ def test_a_template_that_does_not_copy_contents_verbatim_is_rendered_every_turn(
     assert rep.ok and rep.verbatim_roles == {"user": False, "tool": True}
     msg = [{"role": "user", "content": "  padded  "}]
     assert chat.delta_text(msg) == "\n[user] padded</s>\n[assistant] "
+
+
+# -- the Rust codec (GIL-free batch calls) and the calls the event loop makes itself ------------
+_TEXTS = [
+    "",
+    "plain words",
+    '{"user_id": "mia_li_3668", "orders": ["#W2378156", "#W4073673"], "total": 1043.71}',
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    "<tool_call>\n{\"name\": \"x\"}\n</tool_call><|im_end|><|endoftext|>",
+    "多语言 Straße 😀 \t\n  \n\n trailing   ",
+]
+
+
+def test_rust_codec_gives_transformers_ids_and_text(tokenizer, retail):
+    chat = ChatTemplate(tokenizer, retail.tool_schemas)
+    assert chat.releases_gil  # Qwen3's fast tokenizer passes the codec check
+    rendered = chat.render([{"role": "system", "content": retail.system_prompt},
+                            {"role": "user", "content": "I want to return #W2378156."}], add_generation_prompt=True)
+    for text in _TEXTS + [rendered]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert chat.encode(text) == ids == chat._codec.encode_holding_gil(text)
+        for cut in (ids, ids[: len(ids) // 2], ids[1:], ids[:1]):
+            want = tokenizer.decode(cut, skip_special_tokens=False)
+            assert chat.decode(cut) == want == chat._codec.decode_holding_gil(cut)
+    # ids that split a multi-byte character decode as transformers decodes them (replacement chars)
+    rare = tokenizer.encode("🦜🧬", add_special_tokens=False)  # byte-level pieces of 4-byte characters
+    assert len(rare) > 2 and chat.decode(rare[:1]) == tokenizer.decode(rare[:1], skip_special_tokens=False)
+    assert "\ufffd" in chat.decode(rare[:1])
+
+
+def test_codec_falls_back_to_transformers_where_it_would_differ(tokenizer):
+    class CleaningUp:  # a tokenizer that cleans up spaces on decode: the Rust call would not
+        def __init__(self, inner):
+            self._inner = inner
+            self.eos_token = inner.eos_token
+            self.clean_up_tokenization_spaces = True
+            self.backend_tokenizer = inner.backend_tokenizer
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    chat = ChatTemplate(CleaningUp(tokenizer))
+    assert not chat.releases_gil
+    assert chat.encode("a , b") == tokenizer.encode("a , b", add_special_tokens=False)
+    assert chat.try_decode_now([1, 2]) is None and chat.try_delta_ids_now([{"role": "user", "content": "hi"}]) is None
+
+    class Lying(CleaningUp):  # a backend whose ids differ from the tokenizer's: the check catches it
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.clean_up_tokenization_spaces = False
+
+        def encode(self, text, add_special_tokens=True):
+            return self._inner.encode(text + " ", add_special_tokens=add_special_tokens)
+
+    assert not ChatTemplate(Lying(tokenizer)).releases_gil
+
+
+def test_inline_calls_equal_the_threaded_ones_and_never_wait(tokenizer):
+    chat = ChatTemplate(tokenizer, TOOLS)
+    for role in ("user", "tool"):
+        msg = {"role": role, "content": '{"status": "shipped", "items": 3}'}
+        assert chat.try_delta_ids_now([msg]) is None  # the role is not probed yet: rendering is a thread's job
+        want = chat.delta_ids([msg])  # probes the role
+        assert chat.try_delta_ids_now([msg]) == want
+    gen = chat.encode('<tool_call>\n{"name": "lookup", "arguments": {"id": "7"}}\n</tool_call>')
+    assert chat.try_decode_now(gen) == chat.decode(gen)
+    # too long for the loop: left to a thread
+    long_msg = {"role": "user", "content": "word " * 1000}
+    assert chat.try_delta_ids_now([long_msg]) is None and chat.delta_ids([long_msg])
+    assert chat.try_decode_now(list(range(1000, 1000 + 600))) is None
+    # not one plain message: rendered, so left to a thread
+    assert chat.try_delta_ids_now([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) is None
+    assert chat.try_delta_ids_now([{"role": "tool", "content": "x", "name": "lookup"}]) is None
+    # the lock is held (a thread encoding a large prompt): the loop does not wait, it hands off
+    with chat._lock:
+        assert chat.try_decode_now(gen) is None
+        assert chat.try_delta_ids_now([{"role": "user", "content": "ok"}]) is None
+
+
+def test_prompt_ids_reuse_the_shared_prefix_and_equal_a_whole_tokenization(tokenizer, retail):
+    chat = ChatTemplate(tokenizer, retail.tool_schemas)
+    system = {"role": "system", "content": retail.system_prompt}
+    def check(text):
+        msgs = [system, {"role": "user", "content": text}]
+        want = tokenizer.encode(chat.render(msgs, add_generation_prompt=True), add_special_tokens=False)
+        assert chat.prompt_ids(msgs) == want, text
+
+    for text in ["Hi! I want to exchange the keyboard in order #W2378156.", "  leading and trailing spaces \n\n",
+                 "x", "東京 😀", "hi"]:
+        check(text)
+    assert len(chat._prefix_ids) == 1  # one system prompt + tools: one shared prefix, tokenized once
+    (prefix,) = chat._prefix_ids
+    assert prefix.startswith("<|im_start|>system\n") and prefix.endswith("<|im_end|>\n")
+    # contents that also occur in the template's own text are cut elsewhere: still exact
+    for text in ["<|im_start|>user\nspecial tokens inside<|im_end|>", "\n", "assistant", "<|im_end|>"]:
+        check(text)
+    # a second system prompt gets its own prefix; both keep giving whole-text ids
+    other = [{"role": "system", "content": "Another policy."}, {"role": "user", "content": "hello"}]
+    n = len(chat._prefix_ids)
+    assert chat.prompt_ids(other) == tokenizer.encode(chat.render(other, add_generation_prompt=True), add_special_tokens=False)
+    assert len(chat._prefix_ids) == n + 1

@@ -18,6 +18,7 @@ from inprocess import serve
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rollout.local.backend_api import SamplingParams
+from rollout.local.gold import _MESSAGE_RE
 from rollout.tokenizer import load_tokenizer
 
 TOOL_CALL_OPEN = "<tool_call>\n"
@@ -233,6 +234,10 @@ async def test_bad_requests_are_400(tok, gold):
             {"input_ids": []},
             {"input_ids": [[1, 2]]},
             {"input_ids": [1, "x"]},
+            {"input_ids": [1, True]},  # JSON true is not a token id
+            {"input_ids": [1, 2.0]},
+            {"input_ids": [1, -1]},
+            {"input_ids": [1, 10**9]},  # beyond the vocabulary
             {"input_ids": [1, 2], "sampling_params": {"max_tokens": 3}},
             {"input_ids": [1, 2], "sampling_params": {"temperature": -1}},
             {"input_ids": [1, 2], "sampling_params": {"stop": 3}},
@@ -240,8 +245,9 @@ async def test_bad_requests_are_400(tok, gold):
         ):
             data = await _generate(s, url, body, status=400)
             assert isinstance(data["error"], str) and data["error"]
-        async with s.post(url + "/generate", data=b"{not json", headers={"Content-Type": "application/json"}) as r:
-            assert r.status == 400 and "error" in await r.json()
+        for raw in (b"{not json", b"\xff\xfe{}", b"[1, 2]"):
+            async with s.post(url + "/generate", data=raw, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 400 and "error" in await r.json()
 
 
 # --------------------------------------------------------------------------- abort, concurrency
@@ -352,4 +358,10 @@ def test_gold_prompt_decode_by_message_equals_the_whole_decode(tok, gold, retail
     for prompt in (ids, longer, _prompt_ids(tok, retail_data[0]["0"])):
         assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)
         assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)  # from the cache
+        # the messages parsed piece by piece are those the pattern finds in the whole text
+        whole = [(m.group(1).strip(), m.group(2), bool(m.group(3)))
+                 for m in _MESSAGE_RE.finditer(tok.decode(prompt, skip_special_tokens=False))]
+        assert gold._messages(prompt) == whole and len(whole) >= 2
+        unclosed = prompt + tok.encode("<|im_start|>assistant\npartial answer", add_special_tokens=False)
+        assert gold._messages(unclosed)[-1] == ("assistant", "partial answer", False)
     assert len(gold._pieces) >= 3

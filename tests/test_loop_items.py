@@ -220,3 +220,26 @@ async def test_a_tokenizer_call_past_its_timeout_is_a_typed_infrastructure_failu
     assert at_prompt.trajectory is None
     # the turn was generated (mask 1) before its decode timed out
     assert at_decode.metadata["requests"] == 1 and sum(at_decode.trajectory.loss_mask) > 0
+
+
+def test_tune_actor_process_freezes_what_is_loaded_and_a_plain_worker_leaves_the_process_alone():
+    """tune_actor_process changes process-wide state, so it runs in a child here (as in an actor)."""
+    code = (
+        "import gc, json, sys\n"
+        "from rollout.worker import tune_actor_process\n"
+        "kept = [[i] for i in range(100_000)]  # lists are always tracked by the collector\n"
+        "r = tune_actor_process(0.002)\n"
+        "print(json.dumps({**r, 'count': gc.get_freeze_count(), 'tracked': len(gc.get_objects()),\n"
+        "                  'interval': sys.getswitchinterval()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["frozen"] == r["count"] >= 100_000  # the loaded objects are frozen ...
+    assert r["tracked"] < 10_000  # ... so a full collection no longer walks them
+    assert r["interval"] == r["switch_interval_s"] == 0.002
+    import inspect
+
+    from rollout.worker import RolloutWorker
+
+    # only the pool's actors (own_process=True) settle; a worker built in a caller's process does not
+    assert inspect.signature(RolloutWorker).parameters["own_process"].default is False

@@ -26,6 +26,11 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
         assert len(specs) == 12 and pool.num_outstanding == 12
         groups = list(pool.groups())
         assert pool.num_outstanding == 0
+        # each actor left its loaded database, tasks and tokenizer out of the collector's scans,
+        # and runs with the configured GIL switch interval (pool.gil_switch_interval_ms = 1)
+        for info in pool.worker_infos():
+            tuning = info["process_tuning"]
+            assert tuning["frozen"] > 50_000 and tuning["switch_interval_s"] == pytest.approx(0.001), tuning
         # the same tasks can be submitted again: new group ids
         again = pool.submit_tasks(ids[:1], n_samples_per_task=1)
         (res,) = list(pool.results())

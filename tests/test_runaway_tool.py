@@ -60,3 +60,47 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
         tool_outputs = [m["content"] for m in res.messages if m["role"] == "tool"]
         assert tool_outputs[1] == "5.0"  # the restarted sandbox answers the next calculate call
     assert elapsed < 40
+
+
+def test_sandbox_children_do_not_rerun_the_parents_main_script(tmp_path):
+    """A Ray actor's main module is Ray's worker script; a spawned sandbox must not import it
+    again (it pulled Ray into every sandbox: 55 MiB)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "spawn_marker.py").write_text("MARK = 1\n")
+    (tmp_path / "spawn_probe.py").write_text(textwrap.dedent("""
+        import sys
+
+        def child(conn):
+            conn.send("ready")
+            conn.recv()
+            conn.send(("ok", sorted(sys.modules)))
+    """))
+    script = tmp_path / "main_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path[:0] = [{str(tmp_path)!r}, {str(root)!r}]
+        import spawn_marker  # the parent's script imports it; a child that re-ran the script would too
+        import spawn_probe
+        from rollout.env.tau2_env import KillableChild
+
+        class Probe(KillableChild):
+            label = "probe"
+
+            def _child(self):
+                return spawn_probe.child, (), "probe"
+
+        if __name__ == "__main__":
+            p = Probe(startup_timeout_s=60)
+            mods = p._request(("modules",), 30)
+            p.kill()
+            print(json.dumps({{"marker": "spawn_marker" in mods, "restored": sys.modules["__main__"].__spec__ is None}}))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"marker": False, "restored": True}

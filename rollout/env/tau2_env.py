@@ -49,7 +49,9 @@ own process, at step time or at reward time:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import importlib.machinery
 import logging
 import multiprocessing as mp
 import os
@@ -383,6 +385,37 @@ class _SandboxTimeout(Exception):
     """The sandbox did not answer in time and was killed."""
 
 
+_SPAWN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _spawn_without_main_script():
+    """While a ``spawn`` child is started: keep it from re-running the parent's ``__main__`` script.
+
+    ``multiprocessing``'s ``spawn`` makes the child import the parent's main module again (as
+    ``__mp_main__``) when that module is a script file, so that functions defined there can be
+    unpickled. In a Ray actor the script is Ray's ``default_worker.py``, which imports Ray: each
+    sandbox child then held Ray's libraries, 55 MiB of its 131 MiB resident (measured here with
+    ``/proc/PID/maps`` and ``python -m rollout.bench memory``). Our children's entry points live
+    in importable modules, so the script is not needed: for the start only, the main module gets
+    the spec name ``__main__``, for which the child's preparation imports nothing (CPython's
+    ``multiprocessing.spawn._fixup_main_from_name`` returns at once for that name, as it does for
+    a ``python -m pkg`` main). A main module run with ``-m`` (a spec already) or without a file is
+    left as it is. Starts are serialised by a lock, so concurrent
+    starts from several threads restore the main module correctly.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None or not getattr(main, "__file__", None):
+        yield
+        return
+    with _SPAWN_LOCK:
+        main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+        try:
+            yield
+        finally:
+            main.__spec__ = None
+
+
 class KillableChild:
     """A ``spawn``-ed child process that serves requests over a pipe, one at a time, and is
     killed when a request outlives its timeout (restarted on the next request). Shared by
@@ -428,7 +461,8 @@ class KillableChild:
         target, args, name = self._child()
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
-        self._proc.start()
+        with _spawn_without_main_script():
+            self._proc.start()
         child.close()
         self._conn = parent
         try:
@@ -610,6 +644,7 @@ class Tau2Environment:
         # user_s includes user_tool_s: the user's own tool calls (dual control) run inside its turn
         self.timings = {"env_s": 0.0, "tool_s": 0.0, "user_s": 0.0, "user_tool_s": 0.0, "reward_s": 0.0}
         self.user_tool_calls = 0
+        self._call_ids = 0  # tool calls of this episode so far, the agent's and the user's
 
     async def _bounded(self, executor: Executor | None, fn, *args, timeout: float, queue_timeout: float | None = None):
         """Run ``fn(*args)`` in ``executor`` and wait for it; ``timeout`` counts from when it
@@ -727,7 +762,10 @@ class Tau2Environment:
                 return await self._finish("transfer" if reply.transfer else "user_stop", reply.text, info)
             return reply.text, 0.0, False, info
 
-        call = ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=action.name, arguments=action.arguments)
+        # ids need only be unique within the episode (tau2 pairs a call with its answer by id);
+        # a counter, not uuid4, whose os.urandom is a system call on the event loop per step
+        self._call_ids += 1
+        call = ToolCall(id=f"call_{self._call_ids}", name=action.name, arguments=action.arguments)
         self.messages.append(AssistantMessage(role="assistant", content=action.content or None, tool_calls=[call]))
         t0 = time.monotonic()
         content, error = await self._run_tool(call)
@@ -789,7 +827,8 @@ class Tau2Environment:
         if self._env is None:
             raise EnvironmentStepError("a user tool call before reset()")
         timeout = self.cfg.step_timeout_s
-        call = ToolCall(id=f"user_call_{uuid.uuid4().hex[:12]}", name=name, arguments=dict(arguments), requestor="user")
+        self._call_ids += 1
+        call = ToolCall(id=f"user_call_{self._call_ids}", name=name, arguments=dict(arguments), requestor="user")
         t0 = time.monotonic()
         try:
             msg = await self._bounded(self.domain.tool_executor, self._env.get_response, call, timeout=timeout)

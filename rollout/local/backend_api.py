@@ -47,6 +47,12 @@ class GenerationBackend(Protocol):
     such step runs, but a ``chat`` call may overlap it, so the swap itself must be thread-safe. A
     generator paused between two steps may be resumed after a weight update and must then use
     the new weights.
+
+    A backend may set ``tokens_per_step`` (an int, default 1 when absent): how many tokens the
+    server takes from its generator per step. A model backend samples one token per forward pass
+    and keeps 1; gold replay, whose tokens cost nothing, sets more, so that the server's per-step
+    work (the step lock, the pause check) is not paid per token. Stop conditions are still checked
+    token by token; a pause or an abort lands between two steps.
     """
 
     name: str

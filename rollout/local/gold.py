@@ -62,6 +62,9 @@ TOOL_RESPONSE = "<tool_response>"
 TOOL_CALL = "<tool_call>"
 STOP_TOKEN = "###STOP###"
 DONE_TEXT = "Your request has been completed."
+# Tokens the local server takes from gold replay per step: a tool call or a reply is 20-100
+# tokens, so a turn costs the server a few steps instead of one per token.
+GOLD_TOKENS_PER_STEP = 16
 
 # One chat message: role, content, and whether it was closed by <|im_end|> (the last, open
 # assistant turn of a generation prompt is not).
@@ -174,13 +177,16 @@ class GoldReplayBackend:
         self.tokenizer = tokenizer
         self.skip_write = skip_write
         self.name = "gold_replay_skip_write" if skip_write else "gold_replay"
+        # tokens the server takes per step (see GenerationBackend): the text is known in advance
+        self.tokens_per_step = GOLD_TOKENS_PER_STEP
         im_end = tokenizer.convert_tokens_to_ids(IM_END)
         if not isinstance(im_end, int) or im_end == getattr(tokenizer, "unk_token_id", None):
             im_end = tokenizer.eos_token_id
         self.eos_id: int = int(im_end)
         im_start = tokenizer.convert_tokens_to_ids(IM_START)
         self._im_start_id: int | None = im_start if isinstance(im_start, int) and im_start != getattr(tokenizer, "unk_token_id", None) else None
-        self._pieces: dict[tuple[int, ...], str] = {}  # message token ids -> decoded text
+        # message token ids -> (decoded text, its messages)
+        self._pieces: dict[tuple[int, ...], tuple[str, tuple[tuple[str, str, bool], ...]]] = {}
         tasks, self._is_write = _load_domain(domain)
         self._plans: dict[str, _Plan] = self._build_index(tasks)
         # Longest first, so that the most specific reason is tried first.
@@ -190,33 +196,46 @@ class GoldReplayBackend:
             domain, len(tasks), len(self._plans), skip_write,
         )
 
+    def _split(self, input_ids: list[int]) -> list[tuple[int, ...]]:
+        """``input_ids`` cut before each ``<|im_start|>`` (one piece per message; the whole prompt
+        as one piece when the tokenizer has no such token). Found with ``list.index`` (C speed)."""
+        start = self._im_start_id
+        if start is None:
+            return [tuple(input_ids)]
+        cuts, i = [], -1
+        try:
+            while True:
+                i = input_ids.index(start, i + 1)
+                cuts.append(i)
+        except ValueError:
+            pass
+        bounds = [0, *(c for c in cuts if c > 0), len(input_ids)]
+        return [tuple(input_ids[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
     def _decode_prompt(self, input_ids: list[int]) -> str:
         """``tokenizer.decode(input_ids, skip_special_tokens=False)``, message by message with a
         cache: split before each ``<|im_start|>`` (a special token, which no other piece spans),
         the pieces decode to the same text as the whole; the system prompt and earlier turns,
         most of every prompt, are then decoded once (a 10k-token decode costs about 5 ms)."""
-        start = self._im_start_id
-        if start is None:
-            return self.tokenizer.decode(list(input_ids), skip_special_tokens=False)
-        parts: list[str] = []
-        piece: list[int] = []
-        for tok in input_ids:
-            if tok == start and piece:
-                parts.append(self._decode_piece(tuple(piece)))
-                piece = []
-            piece.append(tok)
-        if piece:
-            parts.append(self._decode_piece(tuple(piece)))
-        return "".join(parts)
+        return "".join(self._piece(p)[0] for p in self._split(list(input_ids)))
 
-    def _decode_piece(self, piece: tuple[int, ...]) -> str:
-        text = self._pieces.get(piece)
-        if text is None:
+    def _messages(self, input_ids: list[int]) -> list[tuple[str, str, bool]]:
+        """The prompt's messages as ``(role, content, closed)``: :data:`_MESSAGE_RE` over the
+        decoded prompt, matched piece by piece (every match starts at an ``<|im_start|>`` and ends
+        at the next one at the latest, so no match spans two pieces) and cached with the piece."""
+        return [m for p in self._split(list(input_ids)) for m in self._piece(p)[1]]
+
+    def _piece(self, piece: tuple[int, ...]) -> tuple[str, tuple[tuple[str, str, bool], ...]]:
+        """A piece's decoded text and its messages (see :meth:`_messages`), cached."""
+        hit = self._pieces.get(piece)
+        if hit is None:
             text = self.tokenizer.decode(list(piece), skip_special_tokens=False)
+            msgs = tuple((m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(text))
+            hit = (text, msgs)
             if len(self._pieces) >= 4096:  # bounded: forget everything and start again
                 self._pieces.clear()
-            self._pieces[piece] = text
-        return text
+            self._pieces[piece] = hit
+        return hit
 
     # ------------------------------------------------------------------ index
     def _build_index(self, tasks) -> dict[str, _Plan]:
@@ -316,8 +335,7 @@ class GoldReplayBackend:
     # ----------------------------------------------------------- generation
     def next_text(self, input_ids: list[int]) -> str:
         """The oracle's next assistant message (without ``<|im_end|>``) for a prompt."""
-        text = self._decode_prompt(input_ids)
-        messages = [(m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(text)]
+        messages = self._messages(input_ids)
         start = 1 if messages and messages[0][0] == "system" else 0
         convo = messages[start:]
         first_user = next(

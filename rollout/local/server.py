@@ -101,6 +101,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -116,6 +117,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rollout import fastjson
 from rollout.local.backend_api import GenerationBackend, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -205,6 +207,17 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
 # --------------------------------------------------------------------------- request parsing
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _token_ids_ok(ids: list, vocab_size: int) -> bool:
+    """Whether every item of ``ids`` is an ``int`` (not a ``bool``) in ``[0, vocab_size)``.
+
+    Checked with C-level passes (``map(type, ...)``, ``min``, ``max``) rather than a Python loop
+    per id: a prompt is thousands of ids and the check runs on the event loop for every request.
+    """
+    if not set(map(type, ids)) <= {int}:  # parsed JSON integers are exactly int
+        return all(_is_int(t) for t in ids) and 0 <= min(ids) and max(ids) < vocab_size
+    return 0 <= min(ids) and max(ids) < vocab_size
 
 
 def _is_num(x: Any) -> bool:
@@ -550,6 +563,7 @@ class LocalSGLangServer:
         window = 4 * max((len(s) for s in stops), default=0) + 8
         stop_ids = set(params.stop_token_ids)
         eos_ids = set() if params.ignore_eos else self.eos_ids
+        per_step = max(1, int(getattr(self.backend, "tokens_per_step", 1)))
         gen = None
         try:
             while True:
@@ -562,31 +576,31 @@ class LocalSGLangServer:
                         continue  # paused since the check above: wait again, without stepping
                     if gen is None:
                         gen = self.backend.generate(list(input_ids), params)
-                    item = next(gen, None)
-                    if item is not None:
-                        self.num_backend_steps += 1
+                    items = list(itertools.islice(gen, per_step))
+                    self.num_backend_steps += len(items)
                     version = self.weight_version
-                if item is None:  # the backend ended by itself
+                for item in items:  # each token is checked as if it had come alone
+                    tok, lp = int(item[0]), float(item[1])
+                    with state.lock:
+                        if state.aborted:
+                            return None
+                        state.ids.append(tok)
+                        state.logprobs.append(lp)
+                        state.weight_version = version
+                        n = len(state.ids)
+                        tail = state.ids[-window:] if stops else None
+                    if n >= params.max_new_tokens:
+                        return {"type": "length", "length": params.max_new_tokens}
+                    if tok in stop_ids or tok in eos_ids:
+                        return {"type": "stop", "matched": tok}
+                    if stops:
+                        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+                        for s in stops:
+                            if s in text:
+                                return {"type": "stop", "matched": s}
+                if len(items) < per_step:  # the backend ended by itself
                     with state.lock:
                         return None if state.aborted else {"type": "stop", "matched": None}
-                tok, lp = int(item[0]), float(item[1])
-                with state.lock:
-                    if state.aborted:
-                        return None
-                    state.ids.append(tok)
-                    state.logprobs.append(lp)
-                    state.weight_version = version
-                    n = len(state.ids)
-                    tail = state.ids[-window:] if stops else None
-                if n >= params.max_new_tokens:
-                    return {"type": "length", "length": params.max_new_tokens}
-                if tok in stop_ids or tok in eos_ids:
-                    return {"type": "stop", "matched": tok}
-                if stops:
-                    text = self.tokenizer.decode(tail, skip_special_tokens=False)
-                    for s in stops:
-                        if s in text:
-                            return {"type": "stop", "matched": s}
         finally:
             if gen is not None:
                 gen.close()
@@ -654,7 +668,7 @@ class LocalSGLangServer:
                     raise BadRequest("input_ids must be a non-empty list of token ids")
                 if isinstance(input_ids[0], list):
                     raise BadRequest("batched requests are not supported; send one prompt per request")
-                if not all(_is_int(t) and 0 <= t < self.vocab_size for t in input_ids):
+                if not _token_ids_ok(input_ids, self.vocab_size):
                     raise BadRequest(f"input_ids must be integers in [0, {self.vocab_size})")
             elif not isinstance(text, str) or not text:
                 raise BadRequest("text must be a non-empty string")
@@ -674,7 +688,7 @@ class LocalSGLangServer:
                 raise
             if not admitted:  # aborted while held (or shutting down): nothing was generated
                 finish = {"type": "abort", "message": state.abort_message or "server shutting down"}
-                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+                return _json_answer(self._response(state, len(input_ids), finish, params, return_logprob))
             try:
                 return await self._generate_admitted(state, input_ids, params, return_logprob)
             finally:
@@ -701,7 +715,7 @@ class LocalSGLangServer:
                 raise
             if state.aborted:
                 finish = {"type": "abort", "message": state.abort_message or "aborted"}
-                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+                return _json_answer(self._response(state, len(input_ids), finish, params, return_logprob))
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.executor, self._run, state, input_ids, params)
         # An aborted request returns before its worker ends; retrieve the worker's exception
@@ -719,9 +733,9 @@ class LocalSGLangServer:
                 logger.exception("backend %s failed on request %s", self.backend.name, state.rid)
                 return _error(500, f"backend {self.backend.name} failed: {type(e).__name__}: {e}")
             if finish is not None:
-                return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+                return _json_answer(self._response(state, len(input_ids), finish, params, return_logprob))
         finish = {"type": "abort", "message": state.abort_message or "aborted"}
-        return web.json_response(self._response(state, len(input_ids), finish, params, return_logprob))
+        return _json_answer(self._response(state, len(input_ids), finish, params, return_logprob))
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
@@ -997,14 +1011,20 @@ async def _json_body(request: web.Request, streaming_allowed: bool = True, empty
     if empty_ok and not (await request.read()).strip():
         return {}
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = fastjson.loads(await request.read())
+    except ValueError:  # JSONDecodeError (both libraries') and UnicodeDecodeError
         raise BadRequest("request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     if not streaming_allowed and body.get("stream"):
         raise BadRequest("streaming is not supported by the local server; send stream=false")
     return body
+
+
+def _json_answer(data: dict) -> web.Response:
+    """A 200 JSON answer encoded with orjson (a ``/generate`` answer lists every output id and
+    its log-prob; SGLang's HTTP server answers with orjson too)."""
+    return web.Response(body=fastjson.dumps(data), content_type="application/json")
 
 
 def _error(status: int, message: str) -> web.Response:
