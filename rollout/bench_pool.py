@@ -41,6 +41,8 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
 * ``lag p50 / p99``: event-loop lag of the actors (:class:`rollout.worker.LoopLagProbe`, a
   coroutine sleeping 10 ms in a loop, started by :meth:`rollout.pool.RolloutPool.loop_lags`):
   p50 is the median over actors, p99 the worst actor's.
+* ``floor p99``: the p99 lag of the same 10 ms probe in an idle process on this machine over
+  the window (:class:`FloorProbe`): what the machine alone gives, under the actors' figure.
 * ``RSS MiB/actor``: resident memory of an actor process plus its sandbox (as
   :mod:`rollout.sizing` counts it), sampled every 0.5 s; the peak, largest over the actors.
 
@@ -238,13 +240,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             s), "actor_cpu_s" (list per actor, None when the actors are not local),
             "actor_own_cpu_s" (list), "stack_cpu_s", "driver_cpu_s", "machine_busy_fraction",
             "loop_lags" (list of :meth:`rollout.worker.LoopLagProbe.stats` dicts),
-            "rss_peak_bytes" (list per actor or None), "wall_s", "label"}``.
+            "floor_lag" (:meth:`FloorProbe.stats`, optional), "rss_peak_bytes" (list per actor
+            or None), "wall_s", "label"}``.
 
     Returns:
         ``raw`` plus ``episodes_per_s``, ``call_s``, ``ideal_call_s``, ``ideal_basis``,
         ``ideal_episodes_per_s``, ``ratio``, ``actor_cpu_s_per_episode``, ``actor_cores_max``,
         ``stack_cores``, ``driver_cores``, ``cpu_bound``, ``loop_lag_p50_ms``,
-        ``loop_lag_p99_ms``, ``rss_mib_per_actor`` (None where unknown).
+        ``loop_lag_p99_ms``, ``floor_lag_p99_ms``, ``rss_mib_per_actor`` (None where unknown).
     """
     r = dict(raw)
     w_s = r["window_s"]
@@ -274,6 +277,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     lags = [x for x in r["loop_lags"] if x.get("samples")]
     r["loop_lag_p50_ms"] = statistics.median(x["p50_ms"] for x in lags) if lags else None
     r["loop_lag_p99_ms"] = max(x["p99_ms"] for x in lags) if lags else None
+    r["floor_lag_p99_ms"] = (r.get("floor_lag") or {}).get("p99_ms")
     rss = r["rss_peak_bytes"]
     r["rss_mib_per_actor"] = max(rss) / MIB if rss else None
     return r
@@ -336,6 +340,8 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         if not local:
             logger.warning("the actors (pids %s) are not processes of this machine: no CPU or memory figures", pids)
         pool.loop_lags()  # starts the probes
+        floor = FloorProbe() if local else None
+        floor_lag: dict | None = None
         submitted = _submit(pool, task_ids, episodes, cfg.rollout.n_samples_per_task)
         records: list[tuple[int, float, float, str]] = []  # (requests, generate_s, total_s, status) per episode
         start: _Snapshot | None = None
@@ -347,6 +353,8 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
 
         def open_window() -> tuple[_Snapshot, _RssSampler | None]:
             pool.loop_lags(reset=True)
+            if floor is not None:
+                floor.reset()
             return _Snapshot.take(pids if local else [], stack_pids), (_RssSampler(pids).start() if local else None)
 
         if skip == 0:
@@ -361,9 +369,12 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
                 if pool.num_outstanding < concurrency:  # a slot just went idle for good: the window ends here
                     end = _Snapshot.take(pids if local else [], stack_pids)
                     lags = pool.loop_lags()
+                    floor_lag = floor.stats() if floor is not None else None
                     rss = sampler.stop() if sampler is not None else None
             elif start is None and len(records) >= skip:
                 start, sampler = open_window()
+        if floor is not None:
+            floor.close()
         if end is None:  # cannot happen with episodes > concurrency; kept for safety
             raise RuntimeError("the measured window never closed")
         wall = time.monotonic() - t_row
@@ -386,9 +397,93 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         "driver_cpu_s": end.driver_cpu - start.driver_cpu,
         "machine_busy_fraction": ((end.machine_busy - start.machine_busy) / (end.machine_total - start.machine_total)
                                   if local and end.machine_total > start.machine_total else None),  # this machine's, if it is the actors' one
-        "loop_lags": lags, "rss_peak_bytes": rss, "wall_s": wall,
+        "loop_lags": lags, "floor_lag": floor_lag, "rss_peak_bytes": rss, "wall_s": wall,
     }
     return summarize(raw)
+
+
+# --------------------------------------------------------------------------- the machine's floor
+def floor_probe_main() -> None:
+    """Entry point of the floor probe's child process (see :class:`FloorProbe`): an event loop
+    that only sleeps 10 ms at a time and records how late it wakes, and a thread that answers
+    ``reset`` and ``stats`` lines on stdin with a JSON line on stdout; stdin closed ends it."""
+    import asyncio
+    import math
+
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def serve() -> None:
+        for line in sys.stdin:
+            with lock:
+                data = sorted(samples)
+                if line.strip() == "reset":
+                    samples.clear()
+            n = len(data)
+
+            def pct(q: float) -> float | None:
+                return round(1e3 * data[min(n, max(1, math.ceil(round(q * n, 9)))) - 1], 3) if n else None
+
+            print(json.dumps({"samples": n, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+                              "max_ms": round(1e3 * data[-1], 3) if n else None}), flush=True)
+        os._exit(0)
+
+    async def probe() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(0.01)
+            with lock:
+                samples.append(max(0.0, loop.time() - t0 - 0.01))
+
+    threading.Thread(target=serve, daemon=True).start()
+    asyncio.run(probe())
+
+
+class FloorProbe:
+    """The event-loop lag of an idle process on this machine: the floor under the actors' lag.
+
+    A child process (:func:`floor_probe_main`) runs only a 10 ms sleep loop, as the actors'
+    :class:`rollout.worker.LoopLagProbe` does, with nothing else to do: whatever lag it sees comes
+    from the machine (cores busy with other processes), not from work on its loop. A row prints
+    it beside the actors' lag, so a user can tell what their actors add to what the machine gives.
+
+    Raises:
+        OSError: the child could not be started.
+    """
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from rollout.bench_pool import floor_probe_main; floor_probe_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def _ask(self, cmd: str) -> dict[str, Any] | None:
+        try:
+            self._proc.stdin.write(cmd + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+            return json.loads(line) if line else None
+        except (OSError, ValueError):
+            return None
+
+    def reset(self) -> None:
+        """Forget the samples so far (the window starts)."""
+        self._ask("reset")
+
+    def stats(self) -> dict[str, Any] | None:
+        """``{"samples", "p50_ms", "p99_ms", "max_ms"}`` since the last reset; None if the child is gone."""
+        return self._ask("stats")
+
+    def close(self) -> None:
+        """End the child (closing its stdin; killed if it does not exit within 5 s)."""
+        try:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001  (already gone, or stuck: kill it)
+            self._proc.kill()
+            self._proc.wait()
 
 
 # --------------------------------------------------------------------------- output
@@ -400,7 +495,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The table ``python -m rollout.bench pool`` prints (one line per row, see the module docstring)."""
     head = (f"{'row':<9} {'conc':>5} {'actors':>6} {'eps':>5} {'window':>6} {'eps/s':>7} {'ideal':>7} {'ratio':>6} "
             f"{'calls/ep':>8} {'call s':>7} {'ep s':>7} {'CPU s/ep':>8} {'actor cores':>11} {'machine busy':>12} "
-            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'RSS MiB/actor':>13} {'CPU-bound':>9}")
+            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'RSS MiB/actor':>13} {'CPU-bound':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -410,7 +505,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{_f(r['actor_cpu_s_per_episode'], '.3f'):>8} {_f(r['actor_cores_max'], '.2f'):>11} "
             f"{_f(r['machine_busy_fraction'], '.0%'):>12} {_f(r['stack_cores'], '.2f'):>11} "
             f"{_f(r['loop_lag_p50_ms'], '.1f'):>10} {_f(r['loop_lag_p99_ms'], '.1f'):>10} "
-            f"{_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9}")
+            f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} {_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9}")
     return "\n".join(lines)
 
 
@@ -635,7 +730,7 @@ def main_pool(args) -> int:
     print(format_targets(rows, reference_cpu, reference_how))
     print("columns: eps/s and every figure over the window when all slots were busy (see --help); CPU s/ep = actor processes "
           "+ their sandboxes, the driver and the stack excluded; actor cores = the busiest actor's own process; "
-          f"CPU-bound = actor cores or machine busy >= {CPU_BOUND_AT:.0%}; lag p50 = median over actors, p99 = worst actor")
+          f"CPU-bound = actor cores or machine busy >= {CPU_BOUND_AT:.0%}; lag p50 = median over actors, p99 = worst actor; floor p99 = an idle process on this machine")
     if args.json:
         write()
         print(f"json: {args.json}")

@@ -150,6 +150,27 @@ def _raw(**kw) -> dict:
     return raw
 
 
+def test_floor_probe_measures_an_idle_loop_and_resets():
+    import time
+
+    from rollout.bench_pool import FloorProbe
+
+    floor = FloorProbe()
+    try:
+        deadline = time.monotonic() + 30  # the child's start-up (imports) comes first
+        while (floor.stats() or {}).get("samples", 0) < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first = floor.stats()
+        assert first["samples"] >= 5 and 0 <= first["p50_ms"] <= first["p99_ms"] <= first["max_ms"]
+        floor.reset()
+        after = floor.stats()
+        assert after["samples"] < first["samples"]  # counted from the reset
+    finally:
+        floor.close()
+    assert floor._proc.poll() is not None  # the child has ended
+    assert floor.stats() is None  # and says so
+
+
 def test_summarize_computes_the_ideal_from_calls_and_latency():
     from rollout.bench_pool import judge, summarize
 
@@ -231,4 +252,5 @@ def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
     assert row["ideal_episodes_per_s"] == pytest.approx(2 / (row["calls_per_episode"] * 0.05))
     assert row["actor_cpu_s_per_episode"] > 0 and row["rss_mib_per_actor"] > 100
     assert row["loop_lags"][0]["samples"] > 0
+    assert row["floor_lag"]["samples"] > 0 and row["floor_lag_p99_ms"] is not None and "floor p99" in printed
     assert "os.cpu_count() = " in printed and "injected latency 0.05 s" in printed and "targets (issue 8)" in printed
