@@ -193,16 +193,11 @@ class ChatTemplate:
         one message whose delta comes from the probed affixes (no template rendering), of at most
         :data:`INLINE_MAX_CHARS` characters, with the Rust codec and a free tokenizer lock (see
         :meth:`try_decode_now`)."""
-        if self._codec is None or len(messages) != 1:
+        plain = _plain_message(messages)
+        if self._codec is None or plain is None:
             return None
-        msg = messages[0]
-        content = msg.get("content")
-        if not (isinstance(content, str) and content.strip() and msg.keys() <= {"role", "content"}):
-            return None
-        if len(content) > INLINE_MAX_CHARS:
-            return None
-        role = str(msg.get("role"))
-        if role not in self._role_affixes:  # probing renders the template: leave it to a thread
+        role, content = plain
+        if len(content) > INLINE_MAX_CHARS or role not in self._role_affixes:  # probing renders: a thread's job
             return None
         affixes = self._role_affixes[role]
         if affixes is None or not self._lock.acquire(blocking=False):
@@ -325,13 +320,11 @@ class ChatTemplate:
         Raises:
             TemplateError: the template does not close assistant turns with its EOS text.
         """
-        if len(messages) == 1:
-            msg = messages[0]
-            content = msg.get("content")
-            if isinstance(content, str) and content.strip() and msg.keys() <= {"role", "content"}:
-                affixes = self._affixes(str(msg.get("role")))
-                if affixes is not None:
-                    return affixes[0] + content + affixes[1]
+        plain = _plain_message(messages)
+        if plain is not None:
+            affixes = self._affixes(plain[0])
+            if affixes is not None:
+                return affixes[0] + plain[1] + affixes[1]
         return self._delta_text(messages)
 
     def delta_ids(self, messages: list[dict]) -> list[int]:
@@ -414,6 +407,18 @@ class ChatTemplate:
             rep.canonical_boundary[nk] = self.encode(prefix) + self.encode(ref) == self.encode(prefix + ref)
             rep.verbatim_roles[nk] = self._affixes(nk) is not None
         return rep
+
+
+def _plain_message(messages: list[dict]) -> tuple[str, str] | None:
+    """``(role, content)`` when ``messages`` is one message with only ``role`` and ``content``
+    and a non-blank string content (its delta can come from the probed affixes), else None."""
+    if len(messages) != 1:
+        return None
+    msg = messages[0]
+    content = msg.get("content")
+    if isinstance(content, str) and content.strip() and msg.keys() <= {"role", "content"}:
+        return str(msg.get("role")), content
+    return None
 
 
 def _cut_tokens(tokenizer: Any) -> tuple[str, ...]:
