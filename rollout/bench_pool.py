@@ -405,46 +405,38 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
 # --------------------------------------------------------------------------- the machine's floor
 def floor_probe_main() -> None:
     """Entry point of the floor probe's child process (see :class:`FloorProbe`): an event loop
-    that only sleeps 10 ms at a time and records how late it wakes, and a thread that answers
-    ``reset`` and ``stats`` lines on stdin with a JSON line on stdout; stdin closed ends it."""
+    that runs only a :class:`rollout.worker.LoopLagProbe`, and a thread that answers ``reset``
+    and ``stats`` lines on stdin with the probe's stats as a JSON line on stdout (read on the
+    loop; ``reset`` forgets the samples after reading them); stdin closed ends it."""
     import asyncio
-    import math
 
-    samples: list[float] = []
-    lock = threading.Lock()
+    from rollout.worker import LoopLagProbe
 
-    def serve() -> None:
-        for line in sys.stdin:
-            with lock:
-                data = sorted(samples)
-                if line.strip() == "reset":
-                    samples.clear()
-            n = len(data)
-
-            def pct(q: float) -> float | None:
-                return round(1e3 * data[min(n, max(1, math.ceil(round(q * n, 9)))) - 1], 3) if n else None
-
-            print(json.dumps({"samples": n, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-                              "max_ms": round(1e3 * data[-1], 3) if n else None}), flush=True)
-        os._exit(0)
-
-    async def probe() -> None:
+    async def main() -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(0.01)
-            with lock:
-                samples.append(max(0.0, loop.time() - t0 - 0.01))
+        probe = LoopLagProbe()
+        probe.start()
 
-    threading.Thread(target=serve, daemon=True).start()
-    asyncio.run(probe())
+        async def read(reset: bool) -> dict[str, Any]:
+            return probe.stats(reset=reset)
+
+        def serve() -> None:
+            for line in sys.stdin:
+                stats = asyncio.run_coroutine_threadsafe(read(line.strip() == "reset"), loop).result()
+                print(json.dumps(stats), flush=True)
+            os._exit(0)
+
+        threading.Thread(target=serve, daemon=True).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
 
 
 class FloorProbe:
     """The event-loop lag of an idle process on this machine: the floor under the actors' lag.
 
-    A child process (:func:`floor_probe_main`) runs only a 10 ms sleep loop, as the actors'
-    :class:`rollout.worker.LoopLagProbe` does, with nothing else to do: whatever lag it sees comes
+    A child process (:func:`floor_probe_main`) runs the actors' probe,
+    :class:`rollout.worker.LoopLagProbe` (10 ms sleeps), with nothing else to do: whatever lag it sees comes
     from the machine (cores busy with other processes), not from work on its loop. A row prints
     it beside the actors' lag, so a user can tell what their actors add to what the machine gives.
 
@@ -473,7 +465,7 @@ class FloorProbe:
         self._ask("reset")
 
     def stats(self) -> dict[str, Any] | None:
-        """``{"samples", "p50_ms", "p99_ms", "max_ms"}`` since the last reset; None if the child is gone."""
+        """:meth:`rollout.worker.LoopLagProbe.stats` since the last reset; None if the child is gone."""
         return self._ask("stats")
 
     def close(self) -> None:
