@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
 _PARENT_POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+T = TypeVar("T")
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
@@ -67,3 +69,40 @@ def share_fate(parent_pid: int | None, pdeathsig: bool = False,
         action()
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+_starter: tuple[int, Any] | None = None  # (pid, executor): this process's starter thread
+_starter_lock = threading.Lock()
+
+
+def start_from_lasting_thread(start: Callable[[], T], timeout_s: float | None = None) -> T:
+    """Run ``start()`` (typically ``multiprocessing.Process.start``) on a thread that lives as long
+    as this process, and return its result (its exception is re-raised here).
+
+    Linux's ``PR_SET_PDEATHSIG`` fires when the parent *thread* that created a child exits, not
+    when the parent process does (``prctl(2)``: "the parent thread"). A child that sets it and is
+    started from a short-lived thread (an executor thread of an event loop that ``asyncio.run``
+    shuts down, a ``ThreadPoolExecutor`` that is closed) is killed as soon as that thread ends,
+    while its parent still uses it. Starting every such child from one daemon thread per process,
+    which never exits before the process does, ties the signal to the process.
+
+    Starts are serialised on that thread. After a ``fork`` the child process gets a thread of its
+    own on its first call.
+
+    Args:
+        start: a callable with no arguments, run on the starter thread.
+        timeout_s: how long to wait for it, seconds (None: no bound).
+
+    Raises:
+        concurrent.futures.TimeoutError: ``start`` did not return within ``timeout_s``.
+        Exception: whatever ``start`` raised.
+    """
+    global _starter
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _starter_lock:
+        if _starter is None or _starter[0] != os.getpid():
+            # never shut down: a ThreadPoolExecutor's worker waits for work for the process's life
+            _starter = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-starter"))
+        executor = _starter[1]
+    return executor.submit(start).result(timeout=timeout_s)

@@ -104,3 +104,40 @@ def test_sandbox_children_do_not_rerun_the_parents_main_script(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r == {"marker": False, "restored": True}
+
+
+def test_a_sandbox_outlives_the_thread_that_started_it():
+    """The sandbox asks for SIGKILL when its parent *thread* exits (PR_SET_PDEATHSIG follows the
+    thread). A caller that drives a worker with ``asyncio.run`` per batch starts it from the
+    default executor's thread, which ``asyncio.run`` ends on return: the sandbox must still be the
+    same live process on the next call, not die under it (it did: "tool sandbox died:
+    ConnectionResetError")."""
+    from rollout.env.tau2_env import ToolSandbox
+
+    sb = ToolSandbox("retail", evaluator=False)
+
+    async def calc(expression):
+        return await asyncio.get_running_loop().run_in_executor(None, sb.call, "calculate", {"expression": expression}, 60.0)
+
+    try:
+        assert asyncio.run(calc("2+3")) == ("5.0", False)  # started from an executor thread, which has now ended
+        pid = sb.pid
+        time.sleep(1.0)  # a SIGKILL from PDEATHSIG would have landed by now
+        assert sb._proc.is_alive(), sb._proc.exitcode
+        assert asyncio.run(calc("4*5")) == ("20.0", False)
+        assert sb.pid == pid and sb.kills == 0
+    finally:
+        sb.close()
+
+
+def test_start_from_lasting_thread_runs_on_one_thread_and_reraises():
+    import threading
+
+    import pytest
+
+    from rollout.fate import start_from_lasting_thread
+
+    names = {start_from_lasting_thread(lambda: threading.current_thread().name) for _ in range(3)}
+    assert len(names) == 1 and names != {threading.current_thread().name}
+    with pytest.raises(ValueError, match="no start"):
+        start_from_lasting_thread(lambda: (_ for _ in ()).throw(ValueError("no start")))

@@ -68,6 +68,7 @@ from rollout.config import EnvConfig
 from rollout.env.domains import DomainLoaders, load_domain
 from rollout.env.fast import PURE_TOOL_TYPES, FastPath
 from rollout.env.user import STOP, UserSimulator, UserSimulatorError, UserTools
+from rollout.fate import start_from_lasting_thread
 
 logger = logging.getLogger(__name__)
 
@@ -334,8 +335,9 @@ def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = No
     from rollout.fate import set_parent_death_signal, share_fate
 
     # Die with the actor, even when it is SIGKILLed and even in the middle of a runaway eval that
-    # holds the GIL (PDEATHSIG needs no Python thread; the actor's executor threads that start the
-    # sandbox live as long as the actor); the parent watch covers platforms without it.
+    # holds the GIL (PDEATHSIG needs no Python thread; it follows the parent thread that started
+    # this process, which KillableChild makes one that lives as long as the parent: see
+    # rollout.fate.start_from_lasting_thread); the parent watch covers platforms without it.
     set_parent_death_signal(signal.SIGKILL)
     share_fate(parent_pid, on_parent_death=lambda: os._exit(1))
     _import_tau2(log_level)
@@ -461,8 +463,15 @@ class KillableChild:
         target, args, name = self._child()
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
-        with _spawn_without_main_script():
-            self._proc.start()
+        proc = self._proc
+
+        def start() -> None:
+            with _spawn_without_main_script():
+                proc.start()
+
+        # the child sets PR_SET_PDEATHSIG, which follows the thread that starts it: not this
+        # (possibly short-lived executor) thread, but one that lives as long as the process
+        start_from_lasting_thread(start)
         child.close()
         self._conn = parent
         try:
