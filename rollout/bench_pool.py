@@ -43,6 +43,12 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
   p50 is the median over actors, p99 the worst actor's.
 * ``floor p99``: the p99 lag of the same 10 ms probe in an idle process on this machine over
   the window (:class:`FloorProbe`): what the machine alone gives, under the actors' figure.
+* ``--stack-nice N``: the local stack (servers and router) runs at niceness N. On a cluster the
+  SGLang servers are on other machines and the actors' cores are their own; here the stand-in
+  server and router take about one of the machine's cores, and at niceness 0 they compete with
+  the actors for it. A niceness of 10-19 lets the actors run first whenever they are ready, so
+  the lag figures show the actors' own loop more than the two shared cores. The server then
+  answers more slowly when the machine is full: ``call s`` shows it.
 * ``RSS MiB/actor``: resident memory of an actor process plus its sandbox (as
   :mod:`rollout.sizing` counts it), sampled every 0.5 s; the peak, largest over the actors.
 
@@ -152,6 +158,24 @@ def _machine_times() -> tuple[float, float]:
     total = sum(t)
     idle = t.idle + getattr(t, "iowait", 0.0)
     return total - idle, total
+
+
+def renice(pids: list[int], niceness: int) -> list[int]:
+    """Set the niceness of each process in ``pids`` and of its live descendants (``setpriority``,
+    0-19; raising it needs no privilege). Returns the pids changed; gone processes are skipped.
+
+    Raises:
+        psutil.AccessDenied: a process may not be changed (not ours).
+    """
+    changed = []
+    for pid in pids:
+        for p in _tree(pid):
+            try:
+                p.nice(niceness)
+            except psutil.NoSuchProcess:
+                continue
+            changed.append(p.pid)
+    return changed
 
 
 def _local_actor_pids(pids: list[int]) -> bool:
@@ -582,6 +606,9 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline", action="append", default=None, metavar="KEY=VALUE",
                    help="overrides of a reference row measured in the same run (repeatable; default env.evaluator=tau2 "
                         "when the config has that key; 'none': no reference row)")
+    p.add_argument("--stack-nice", type=int, default=0, metavar="N",
+                   help="run the local stack's servers and router at this niceness (0-19, default 0): the stand-in for GPU "
+                        "servers then yields the CPU to the actors, as servers on other machines would (see --help)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows (and the run's facts) as JSON")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="plot episodes/s and loop lag against concurrency (needs the plot extra)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -618,6 +645,8 @@ def main_pool(args) -> int:
                              f"to keep every slot busy; 3x is better (see --help)")
         if args.latency is not None and args.latency < 0:
             raise ValueError("--latency must be >= 0 seconds")
+        if not 0 <= args.stack_nice <= 19:
+            raise ValueError(f"--stack-nice must be 0-19, got {args.stack_nice}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -650,7 +679,8 @@ def main_pool(args) -> int:
     if cfg.local.enabled:
         print(f"server: local stack ({cfg.local.backend}, {cfg.local.num_servers} server(s)) behind sglang-router; "
               + (f"injected latency {latency:g} s per /generate (ideal = concurrency / (calls per episode x {latency:g} s))"
-                 if latency else "no latency injected (latency 0): no ideal"), flush=True)
+                 if latency else "no latency injected (latency 0): no ideal")
+              + (f"; stack at niceness {args.stack_nice}" if args.stack_nice else ""), flush=True)
     else:
         print(f"server: your router {cfg.policy.router_url}; no latency injected (local.enabled=false): "
               "the ideal uses the mean /generate latency the actors measured", flush=True)
@@ -660,7 +690,7 @@ def main_pool(args) -> int:
     reference_cpu, reference_how = TODAY_CPU_S_PER_EPISODE.get(domain), f"before issue 8: {TODAY_HOW}"
     facts: dict[str, Any] = {
         "args": {"config": args.config, "concurrency": concurrencies, "actors": actor_counts, "latency": latency,
-                 "episodes": args.episodes, "overrides": list(args.overrides)},
+                 "episodes": args.episodes, "overrides": list(args.overrides), "stack_nice": args.stack_nice},
         "cpu_count": os.cpu_count(), "domain": domain, "task_split": cfg.env.task_split, "user": cfg.env.user.kind,
         "server": f"local:{cfg.local.backend}" if cfg.local.enabled else cfg.policy.router_url, "latency_s": latency,
         "today_cpu_s_per_episode": TODAY_CPU_S_PER_EPISODE.get(domain), "today_how": TODAY_HOW, "baseline_overrides": baseline,
@@ -688,6 +718,9 @@ def main_pool(args) -> int:
                 ref_cfg = resolve_endpoints(ref_cfg, stack.router_url)
                 ref_cfg = dataclasses.replace(ref_cfg, local=dataclasses.replace(ref_cfg.local, enabled=False))
         stack_pids = stack.pids() if stack is not None else []
+        if stack is not None and args.stack_nice:
+            renice(stack_pids, args.stack_nice)
+        facts["stack_niceness"] = sorted({p.nice() for pid in stack_pids for p in _tree(pid)})  # as the processes report it
         for k, (c, a, label) in enumerate(plan, 1):
             n = args.episodes or 3 * c
             what = f"{label} row ({' '.join(baseline)})" if label else "row"

@@ -225,6 +225,35 @@ def test_bad_options_are_one_line_errors(capsys):
     assert main(["pool", *TINY, "local.generate_latency_s=-1"]) == 2
     assert "local.generate_latency_s" in capsys.readouterr().err
     assert main(["pool", *TINY, "pool.num_actors=0"]) == 2
+    assert main(["pool", *TINY, "--stack-nice", "20"]) == 2
+    assert "--stack-nice" in capsys.readouterr().err
+
+
+def test_renice_reaches_the_processes_and_their_descendants():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from rollout.bench_pool import renice
+
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        proc = psutil.Process(parent.pid)
+        deadline = time.monotonic() + 20
+        while not proc.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = proc.children()
+        assert proc.nice() == child.nice() == 0
+        assert sorted(renice([parent.pid, 999_999_999], 7)) == sorted([parent.pid, child.pid])  # a gone pid is skipped
+        assert proc.nice() == child.nice() == 7
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait()
 
 
 # --------------------------------------------------------------------------- end to end
@@ -234,12 +263,13 @@ def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
     from rollout.bench import main
 
     out = tmp_path / "pool.json"
-    code = main(["pool", "--concurrency", "2", "--actors", "1", "--latency", "0.05", "--episodes", "6", "--baseline", "none",
+    code = main(["pool", "--concurrency", "2", "--actors", "1", "--latency", "0.05", "--episodes", "6", "--baseline", "none", "--stack-nice", "5",
                  "--json", str(out), f"rollout.output_dir={tmp_path / 'run'}", "env.task_ids=[0,1,2]", "rollout.n_samples_per_task=1"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     data = json.loads(out.read_text())
     assert data["cpu_count"] == os.cpu_count() and data["latency_s"] == 0.05
+    assert data["stack_niceness"] == [5] and "stack at niceness 5" in printed  # servers and router, as they report it
     (row,) = data["rows"]
     for key in ("concurrency", "actors", "episodes", "episodes_per_s", "ideal_episodes_per_s", "ratio", "calls_per_episode",
                 "actor_cpu_s_per_episode", "actor_cores_max", "machine_busy_fraction", "cpu_bound", "loop_lag_p50_ms",
