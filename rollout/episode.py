@@ -171,7 +171,7 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             return turn
         n = meta["requests"]
         try:
-            gen = await policy.generate(traj.tokens, max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
+            gen = await policy.generate(traj.token_array(), max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
         except PolicyServerError as e:
             turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
             return turn
@@ -287,6 +287,7 @@ async def run_episode(
         timings["total_s"] = round(time.monotonic() - t_start, 4)
         meta["timings"] = timings
         if traj is not None:
+            traj.expand()  # the record leaves the loop with lists
             traj.check()
             meta["prompt_tokens"] = len(traj.prompt_ids)
             meta["response_tokens"] = traj.response_length
@@ -303,7 +304,8 @@ async def run_episode(
     messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
     # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
     try:
-        traj = Trajectory(prompt_ids=await _off_loop(settings, chat.prompt_ids, messages))
+        # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
+        traj = Trajectory(prompt_ids=await _off_loop(settings, chat.prompt_ids, messages)).compact()
     except TokenizeTimeout as e:
         return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
 

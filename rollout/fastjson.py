@@ -19,15 +19,24 @@ import orjson
 
 
 def dumps(obj: Any) -> bytes:
-    """``obj`` as UTF-8 JSON bytes (compact, no trailing newline).
+    """``obj`` as UTF-8 JSON bytes (compact, no trailing newline). numpy arrays and scalars are
+    written as lists and numbers (a trajectory's ids go out as an ``int64`` array: see
+    :meth:`rollout.records.Trajectory.token_array`).
 
     Raises:
         TypeError: ``obj`` holds a value neither ``orjson`` nor ``json`` can encode.
     """
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(value: Any) -> Any:
+    """``json``'s fallback for a numpy array or scalar (its ``tolist()``); anything else is refused."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:

@@ -39,12 +39,15 @@ import random
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 import aiohttp
 
 from rollout import fastjson
 from rollout.config import PolicyConfig
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ class PolicyClient(Protocol):
     policy backend fails.
     """
 
-    async def generate(self, input_ids: list[int], max_new_tokens: int, rid: str, routing_key: str, seed: int | None = None) -> Generation:
+    async def generate(self, input_ids: list[int] | np.ndarray, max_new_tokens: int, rid: str, routing_key: str, seed: int | None = None) -> Generation:
         """Sample one assistant turn (see :meth:`SGLangClient.generate`)."""
         ...
 
@@ -447,7 +450,7 @@ class SGLangClient:
     def __repr__(self) -> str:
         return f"SGLangClient(url={self.url!r}, api_key={'<set>' if self._api_key else None}, breaker={self.breaker!r})"
 
-    def payload(self, input_ids: list[int], max_new_tokens: int, rid: str, seed: int | None) -> dict:
+    def payload(self, input_ids: list[int] | np.ndarray, max_new_tokens: int, rid: str, seed: int | None) -> dict:
         """The ``/generate`` body: ``input_ids``, ``sampling_params`` from ``cfg.sampling`` (with
         ``max_new_tokens`` and, if not ``None``, ``sampling_seed``), ``return_logprob``, ``rid``."""
         s = self.cfg.sampling
@@ -469,11 +472,12 @@ class SGLangClient:
         """Jittered exponential back-off before the ``n``-th retry (seconds)."""
         return min(8.0, 0.25 * 2**n) * (0.5 + random.random())
 
-    async def generate(self, input_ids: list[int], max_new_tokens: int, rid: str, routing_key: str, seed: int | None = None) -> Generation:
+    async def generate(self, input_ids: list[int] | np.ndarray, max_new_tokens: int, rid: str, routing_key: str, seed: int | None = None) -> Generation:
         """Sample one assistant turn.
 
         Args:
-            input_ids: the full token sequence so far (prompt + response), token ids.
+            input_ids: the full token sequence so far (prompt + response), token ids: a list or
+                a 1-D numpy integer array (sent as it is, without a Python int per id).
             max_new_tokens: at most this many new tokens (>= 1).
             rid: request id (for aborts), unique per call; retries send ``<rid>.r1``, ``<rid>.r2``...
             routing_key: sent as ``X-SMG-Routing-Key`` (the episode id).

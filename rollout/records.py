@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import array
 import copy
 import enum
 from dataclasses import dataclass, field
@@ -122,6 +123,15 @@ class Trajectory:
 
     The record is append-only but for :meth:`discard_from`, which drops the tail of an unfinished
     turn (``rollout.partial_rollout=restart_turn``) before anything else is appended.
+
+    While an episode runs, the actor keeps the four token sequences in compact form
+    (:meth:`compact`: ``array.array`` of int64 ids, int8 mask, float64 log-probs, the same values)
+    and turns them back into lists when the episode ends (:meth:`expand`): every record that
+    leaves the episode loop holds lists. Python's cyclic garbage collector walks every item of a
+    list on each full collection, and an actor holds hundreds of running trajectories of 10-30k
+    items each: with 512 episodes, a full collection stopped the event loop for 360-520 ms
+    (measured in an actor with ``gc.callbacks`` under ``python -m rollout.bench pool``); an
+    ``array.array`` holds no Python objects: the collector visits its type and none of its items.
     """
 
     prompt_ids: list[int]
@@ -133,8 +143,47 @@ class Trajectory:
 
     @property
     def tokens(self) -> list[int]:
-        """Prompt + response ids: exactly the sequence the policy saw and sampled."""
+        """Prompt + response ids: exactly the sequence the policy saw and sampled (a new list)."""
+        if isinstance(self.prompt_ids, array.array):
+            return (self.prompt_ids + self.response_ids).tolist()
         return self.prompt_ids + self.response_ids
+
+    def token_array(self) -> np.ndarray:
+        """Prompt + response ids as a new 1-D ``int64`` numpy array of ``len(self)`` ids (from the
+        compact form without making a Python int per id)."""
+        if isinstance(self.prompt_ids, array.array):
+            return np.concatenate((np.frombuffer(self.prompt_ids, dtype=np.int64), np.frombuffer(self.response_ids, dtype=np.int64)))
+        return np.asarray(self.prompt_ids + self.response_ids, dtype=np.int64)
+
+    @property
+    def is_compact(self) -> bool:
+        """Whether the token sequences are in compact form (:meth:`compact`)."""
+        return isinstance(self.prompt_ids, array.array)
+
+    def compact(self) -> Trajectory:
+        """Hold ``prompt_ids``, ``response_ids``, ``loss_mask`` and ``rollout_log_probs`` as
+        ``array.array`` (int64, int64, int8 and float64: the same values, none of them
+        visited by the garbage collector) until :meth:`expand`; every method works on either form. Returns self.
+
+        Raises:
+            OverflowError: an id outside int64 or a mask value outside int8.
+        """
+        if not self.is_compact:
+            self.prompt_ids = array.array("q", self.prompt_ids)
+            self.response_ids = array.array("q", self.response_ids)
+            self.loss_mask = array.array("b", self.loss_mask)
+            self.rollout_log_probs = array.array("d", self.rollout_log_probs)
+        return self
+
+    def expand(self) -> Trajectory:
+        """Back to lists of Python ints and floats (the form every record outside the episode loop
+        has); a no-op on lists. Returns self."""
+        if self.is_compact:
+            self.prompt_ids = self.prompt_ids.tolist()
+            self.response_ids = self.response_ids.tolist()
+            self.loss_mask = self.loss_mask.tolist()
+            self.rollout_log_probs = self.rollout_log_probs.tolist()
+        return self
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)

@@ -40,6 +40,8 @@ async def test_invariant_1_on_real_episodes_through_the_router(retail_stack):
     for res in results:
         assert res.status is EpisodeStatus.COMPLETED and res.reward == 1.0, res.metadata
         traj = res.trajectory
+        # compact (array.array) while the episode ran, lists once it leaves the loop
+        assert not traj.is_compact and {type(x) for x in (traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.rollout_log_probs)} == {list}
         calls = proxy.calls[res.spec.episode_id]
         assert len(calls) == res.metadata["requests"] >= 2
         expected_mask = [0] * traj.response_length

@@ -30,3 +30,14 @@ def test_not_json_raises_value_error():
             fastjson.loads(raw)
     with pytest.raises(TypeError):
         fastjson.dumps({"x": object()})
+
+
+def test_numpy_ids_are_written_as_a_list_on_both_paths():
+    import numpy as np
+
+    ids = np.array([0, 151_643, 2**40], dtype=np.int64)
+    assert json.loads(fastjson.dumps({"input_ids": ids})) == {"input_ids": [0, 151_643, 2**40]}
+    # a body orjson refuses (a 70-bit int) takes the standard library with the array in it
+    assert json.loads(fastjson.dumps({"input_ids": ids, "n": 2**70, "s": np.int64(3)})) == {"input_ids": [0, 151_643, 2**40], "n": 2**70, "s": 3}
+    with pytest.raises(TypeError):
+        fastjson.dumps({"x": object()})

@@ -17,6 +17,44 @@ def test_trajectory_keeps_tokens_mask_logprobs_aligned():
         t.append_generated([8, 9], [-0.1])
 
 
+def _ops(t: Trajectory) -> Trajectory:
+    """The same appends and discards on any form; big ids, tiny log-probs, an empty call."""
+    t.append_generated([4, 151_643, 2**40], [-0.1, -1e-300, -23.75])
+    t.append_context([6, 7])
+    t.append_generated([], [], "v1")
+    t.append_generated([8, 9, 10], [-0.5, -0.25, -0.125], "v2")
+    assert t.discard_from(t.response_length - 2) == 2
+    t.append_generated([11], [-2.0], "v2")
+    return t
+
+
+def test_a_compact_trajectory_gives_the_same_record_and_is_not_walked_by_the_gc():
+    import gc
+
+    plain = _ops(Trajectory(prompt_ids=[1, 2, 3]))
+    compact = Trajectory(prompt_ids=[1, 2, 3]).compact()
+    _ops(compact)
+    assert compact.is_compact
+    # the collector visits what tp_traverse gives: for a list, each item; for an array, its type alone
+    assert len(gc.get_referents(plain.response_ids)) == plain.response_length
+    for seq in (compact.prompt_ids, compact.response_ids, compact.loss_mask, compact.rollout_log_probs):
+        assert not [x for x in gc.get_referents(seq) if not isinstance(x, type)]
+    compact.check()
+    assert compact.tokens == plain.tokens and type(compact.tokens) is list
+    assert compact.token_array().dtype == np.int64 and compact.token_array().tolist() == plain.tokens == plain.token_array().tolist()
+    assert len(compact) == len(plain) and compact.response_length == plain.response_length
+    compact.expand()
+    assert not compact.is_compact
+    assert compact == plain  # every field, values and types: lists of ints and floats again
+    for name in ("prompt_ids", "response_ids", "loss_mask", "rollout_log_probs"):
+        assert type(getattr(compact, name)) is list
+        assert [type(x) for x in getattr(compact, name)] == [type(x) for x in getattr(plain, name)]
+    assert compact.rollout_log_probs[1] == -1e-300 and compact.response_ids[2] == 2**40
+    assert compact.expand() is compact and compact == plain  # expanding lists changes nothing
+    with pytest.raises(TrajectoryError):  # the alignment check holds on the compact form too
+        Trajectory(prompt_ids=[1]).compact().append_generated([2, 3], [-0.1])
+
+
 def test_infra_statuses_are_flagged():
     assert EpisodeStatus.POLICY_ERROR.is_infrastructure_failure
     assert EpisodeStatus.USER_ERROR.is_infrastructure_failure
