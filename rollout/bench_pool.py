@@ -43,12 +43,14 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
   p50 is the median over actors, p99 the worst actor's.
 * ``floor p99``: the p99 lag of the same 10 ms probe in an idle process on this machine over
   the window (:class:`FloorProbe`): what the machine alone gives, under the actors' figure.
-* ``--stack-nice N``: the local stack (servers and router) runs at niceness N. On a cluster the
-  SGLang servers are on other machines and the actors' cores are their own; here the stand-in
-  server and router take about one of the machine's cores, and at niceness 0 they compete with
-  the actors for it. A niceness of 10-19 lets the actors run first whenever they are ready, so
-  the lag figures show the actors' own loop more than the two shared cores. The server then
-  answers more slowly when the machine is full: ``call s`` shows it.
+* ``--stack-nice N``: the local stack (servers and router) runs at niceness N; by default at the
+  actors' own. Ray starts its workers, the actors among them, at niceness 15
+  (``RAY_worker_niceness``), while processes started otherwise run at 0. On a cluster the SGLang
+  servers are on other machines; here the stand-in server and router take about one of the
+  machine's cores, and at niceness 0 they would get it before the actors whenever both are
+  ready (the kernel's weights for niceness 0 and 15 are 1024 and 36), which shows up as the
+  actors' loop lag. The floor probe runs at the actors' niceness too. ``actor_niceness`` and
+  ``stack_niceness`` in the JSON give what the processes reported.
 * ``RSS MiB/actor``: resident memory of an actor process plus its sandbox (as
   :mod:`rollout.sizing` counts it), sampled every 0.5 s; the peak, largest over the actors.
 
@@ -176,6 +178,14 @@ def renice(pids: list[int], niceness: int) -> list[int]:
                 continue
             changed.append(p.pid)
     return changed
+
+
+def _niceness(pid: int) -> int | None:
+    """The niceness of process ``pid`` (None when it is gone)."""
+    try:
+        return psutil.Process(pid).nice()
+    except psutil.Error:
+        return None
 
 
 def _local_actor_pids(pids: list[int]) -> bool:
@@ -334,7 +344,7 @@ def judge(row: dict[str, Any], reference_cpu_s: float | None) -> dict[str, Any]:
 
 
 def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, latency_s: float | None,
-                stack_pids: list[int], label: str = "") -> dict[str, Any]:
+                stack_pids: list[int], label: str = "", stack_nice: int | None = None) -> dict[str, Any]:
     """Run one row: ``episodes`` episodes with ``actors`` actors and ``concurrency`` episodes in
     flight in all (``concurrency`` must be a multiple of ``actors``), through
     :func:`rollout.cli.open_pool` with ``cfg`` (its router resolved); returns :func:`summarize`'s
@@ -343,6 +353,8 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
     Args:
         latency_s: the injected latency per /generate (None: not injected, your own router).
         stack_pids: the local stack's processes (their CPU is reported apart), or [].
+        stack_nice: niceness to give the stack's processes once the actors run; None: the
+            actors' own (Ray starts its workers at ``RAY_worker_niceness``, 15 by default).
 
     Raises:
         ValueError: ``episodes <= concurrency`` or ``concurrency`` not a multiple of ``actors``.
@@ -364,7 +376,11 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         if not local:
             logger.warning("the actors (pids %s) are not processes of this machine: no CPU or memory figures", pids)
         pool.loop_lags()  # starts the probes
-        floor = FloorProbe() if local else None
+        actor_nice = _niceness(pids[0]) if local else None
+        if stack_pids and (stack_nice is not None or actor_nice is not None):
+            renice(stack_pids, actor_nice if stack_nice is None else stack_nice)
+        # the floor: an idle process with the actors' priority, so the two lags compare
+        floor = FloorProbe(niceness=actor_nice or 0) if local else None
         floor_lag: dict | None = None
         submitted = _submit(pool, task_ids, episodes, cfg.rollout.n_samples_per_task)
         records: list[tuple[int, float, float, str]] = []  # (requests, generate_s, total_s, status) per episode
@@ -422,6 +438,7 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         "machine_busy_fraction": ((end.machine_busy - start.machine_busy) / (end.machine_total - start.machine_total)
                                   if local and end.machine_total > start.machine_total else None),  # this machine's, if it is the actors' one
         "loop_lags": lags, "floor_lag": floor_lag, "rss_peak_bytes": rss, "wall_s": wall,
+        "actor_niceness": actor_nice, "stack_niceness": sorted({n for n in map(_niceness, stack_pids) if n is not None}) or None,
     }
     return summarize(raw)
 
@@ -464,16 +481,22 @@ class FloorProbe:
     from the machine (cores busy with other processes), not from work on its loop. A row prints
     it beside the actors' lag, so a user can tell what their actors add to what the machine gives.
 
+    Args:
+        niceness: the child's niceness: the actors' own, so that its lag and theirs compare
+            (Ray runs its workers at niceness 15 by default).
+
     Raises:
         OSError: the child could not be started.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, niceness: int = 0) -> None:
         import subprocess
 
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "from rollout.bench_pool import floor_probe_main; floor_probe_main()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        if niceness:
+            renice([self._proc.pid], niceness)
 
     def _ask(self, cmd: str) -> dict[str, Any] | None:
         try:
@@ -606,9 +629,9 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline", action="append", default=None, metavar="KEY=VALUE",
                    help="overrides of a reference row measured in the same run (repeatable; default env.evaluator=tau2 "
                         "when the config has that key; 'none': no reference row)")
-    p.add_argument("--stack-nice", type=int, default=0, metavar="N",
-                   help="run the local stack's servers and router at this niceness (0-19, default 0): the stand-in for GPU "
-                        "servers then yields the CPU to the actors, as servers on other machines would (see --help)")
+    p.add_argument("--stack-nice", type=int, default=None, metavar="N",
+                   help="run the local stack's servers and router at this niceness (0-19; default: the actors' own, which "
+                        "Ray sets to 15), so that the stand-in for GPU servers does not outrank the actors (see --help)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows (and the run's facts) as JSON")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="plot episodes/s and loop lag against concurrency (needs the plot extra)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -645,7 +668,7 @@ def main_pool(args) -> int:
                              f"to keep every slot busy; 3x is better (see --help)")
         if args.latency is not None and args.latency < 0:
             raise ValueError("--latency must be >= 0 seconds")
-        if not 0 <= args.stack_nice <= 19:
+        if args.stack_nice is not None and not 0 <= args.stack_nice <= 19:
             raise ValueError(f"--stack-nice must be 0-19, got {args.stack_nice}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -680,7 +703,7 @@ def main_pool(args) -> int:
         print(f"server: local stack ({cfg.local.backend}, {cfg.local.num_servers} server(s)) behind sglang-router; "
               + (f"injected latency {latency:g} s per /generate (ideal = concurrency / (calls per episode x {latency:g} s))"
                  if latency else "no latency injected (latency 0): no ideal")
-              + (f"; stack at niceness {args.stack_nice}" if args.stack_nice else ""), flush=True)
+              + f"; stack at niceness {'of the actors' if args.stack_nice is None else args.stack_nice}", flush=True)
     else:
         print(f"server: your router {cfg.policy.router_url}; no latency injected (local.enabled=false): "
               "the ideal uses the mean /generate latency the actors measured", flush=True)
@@ -718,14 +741,11 @@ def main_pool(args) -> int:
                 ref_cfg = resolve_endpoints(ref_cfg, stack.router_url)
                 ref_cfg = dataclasses.replace(ref_cfg, local=dataclasses.replace(ref_cfg.local, enabled=False))
         stack_pids = stack.pids() if stack is not None else []
-        if stack is not None and args.stack_nice:
-            renice(stack_pids, args.stack_nice)
-        facts["stack_niceness"] = sorted({p.nice() for pid in stack_pids for p in _tree(pid)})  # as the processes report it
         for k, (c, a, label) in enumerate(plan, 1):
             n = args.episodes or 3 * c
             what = f"{label} row ({' '.join(baseline)})" if label else "row"
             print(f"[{k}/{len(plan)}] {what}: {c} concurrent episodes on {a} actor(s), {n} episodes ...", file=sys.stderr, flush=True)
-            row = measure_row(ref_cfg if label else cfg, c, a, n, latency, stack_pids, label=label)
+            row = measure_row(ref_cfg if label else cfg, c, a, n, latency, stack_pids, label=label, stack_nice=args.stack_nice)
             if label:
                 if row["actor_cpu_s_per_episode"] is not None:
                     reference_cpu = row["actor_cpu_s_per_episode"]

@@ -155,8 +155,11 @@ def test_floor_probe_measures_an_idle_loop_and_resets():
 
     from rollout.bench_pool import FloorProbe
 
-    floor = FloorProbe()
+    import psutil
+
+    floor = FloorProbe(niceness=3)  # the actors' niceness in the bench
     try:
+        assert psutil.Process(floor._proc.pid).nice() == 3
         deadline = time.monotonic() + 30  # the child's start-up (imports) comes first
         while (floor.stats() or {}).get("samples", 0) < 5 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -269,8 +272,10 @@ def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
     assert code == 0, printed
     data = json.loads(out.read_text())
     assert data["cpu_count"] == os.cpu_count() and data["latency_s"] == 0.05
-    assert data["stack_niceness"] == [5] and "stack at niceness 5" in printed  # servers and router, as they report it
+    assert "stack at niceness 5" in printed
     (row,) = data["rows"]
+    assert row["stack_niceness"] == [5]  # servers and router, as they report it
+    assert isinstance(row["actor_niceness"], int)  # as the actor process reports it (Ray's default is 15)
     for key in ("concurrency", "actors", "episodes", "episodes_per_s", "ideal_episodes_per_s", "ratio", "calls_per_episode",
                 "actor_cpu_s_per_episode", "actor_cores_max", "machine_busy_fraction", "cpu_bound", "loop_lag_p50_ms",
                 "loop_lag_p99_ms", "rss_mib_per_actor", "target_cpu", "target_lag", "target_ratio"):
