@@ -43,12 +43,16 @@ measures how late it is woken, twice: through ``transformers`` (``tokenizer.enco
 ``tokenizer.decode``) and through :class:`rollout.chat.ChatTemplate` (the Rust backend's batch
 calls, which release the GIL). The same section times the JSON encoding of that prompt's
 ``/generate`` body, ``json.dumps`` against :func:`rollout.fastjson.dumps` (orjson), which the
-event loop does for every call. Both are printed side by side with their ratios.
+event loop does for every call. Both are printed side by side with their ratios. Last, the time of
+one full garbage collection (``gc.collect()``, process CPU time) with ``--gc-trajectories`` running
+trajectories of that length alive (512: an actor's share of 1024 concurrent episodes on two),
+held as lists and held compact (:meth:`rollout.records.Trajectory.compact`, the episode loop's
+form): the collector visits every item of a list, and none of an array's.
 
 Usage::
 
     python -m rollout.bench turns [--config configs/local.yaml] [--domain retail|airline]
-        [--turns 30] [--repeat 30] [--lag-seconds 3] [--json FILE] [key=value ...]
+        [--turns 30] [--repeat 30] [--lag-seconds 3] [--gc-trajectories 512] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -456,6 +460,39 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     return out
 
 
+def measure_gc(ids: list[int], n_trajectories: int, repeat: int) -> dict[str, Any]:
+    """CPU time of one full garbage collection with ``n_trajectories`` trajectories alive, each a
+    copy of ``ids`` (its first ``min(6000, len // 2)`` ids as the prompt, the rest as generated
+    response with its mask and log-probs), held as lists and then compact (:meth:`Trajectory.compact`).
+
+    Returns:
+        ``{"gc_trajectories", "gc_tokens", "gc_lists_ms", "gc_compact_ms", "gc_ratio"}``: median
+        ``time.process_time`` ms of ``gc.collect()`` over ``min(repeat, 5)`` collections.
+    """
+    import gc
+
+    from rollout.records import Trajectory
+
+    cut = min(6000, len(ids) // 2)
+
+    def alive(compact: bool) -> list[Trajectory]:
+        out = []
+        for _ in range(n_trajectories):
+            t = Trajectory(prompt_ids=list(ids[:cut]))
+            t.append_generated(list(ids[cut:]), [-0.5] * (len(ids) - cut))
+            out.append(t.compact() if compact else t)
+        return out
+
+    res: dict[str, Any] = {"gc_trajectories": n_trajectories, "gc_tokens": len(ids)}
+    for name, compact in (("lists", False), ("compact", True)):
+        held = alive(compact)
+        res[f"gc_{name}_ms"] = round(_median_cpu_s(gc.collect, min(repeat, 5)) * 1e3, 3)
+        del held
+    gc.collect()
+    res["gc_ratio"] = round(res["gc_lists_ms"] / res["gc_compact_ms"], 1) if res["gc_compact_ms"] > 0 else None
+    return res
+
+
 def format_loop(loop: dict[str, Any], releases_gil: bool) -> str:
     """The event-loop section of the report (see :func:`measure_loop`)."""
     def row(name: str, d: dict[str, Any]) -> str:
@@ -469,6 +506,9 @@ def format_loop(loop: dict[str, Any], releases_gil: bool) -> str:
              f"  lag p99 transformers / ours: {loop['p99_ratio']}x",
              f"/generate body of {loop['tokens']} ids ({loop['json_bytes']} bytes): json.dumps {loop['json_stdlib_ms']:.3f} ms, "
              f"ours (orjson) {loop['json_ours_ms']:.3f} ms: {loop['json_ratio']}x"]
+    if "gc_trajectories" in loop:
+        lines.append(f"one full garbage collection with {loop['gc_trajectories']} running trajectories of {loop['gc_tokens']} tokens: "
+                     f"as lists {loop['gc_lists_ms']:.1f} ms, compact (ours) {loop['gc_compact_ms']:.1f} ms: {loop['gc_ratio']}x")
     return "\n".join(lines)
 
 
@@ -491,6 +531,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=30, help="timed repetitions per turn and way (median reported)")
     p.add_argument("--lag-seconds", type=float, default=3.0,
                    help="seconds of event-loop lag measured per tokenizer way (0 skips the section)")
+    p.add_argument("--gc-trajectories", type=int, default=512,
+                   help="running trajectories alive for the garbage-collection timing (0: skip it; needs --lag-seconds > 0)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the figures as JSON")
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. policy.tokenizer=/path")
     p.set_defaults(run=main_turns)
@@ -513,8 +555,8 @@ def main_turns(args) -> int:
     from rollout.tokenizer import load_tokenizer
     from rollout.worker import setup_logging
 
-    if args.turns < 2 or args.repeat < 1 or args.lag_seconds < 0:
-        print("error: --turns must be >= 2, --repeat >= 1 and --lag-seconds >= 0", file=sys.stderr)
+    if args.turns < 2 or args.repeat < 1 or args.lag_seconds < 0 or args.gc_trajectories < 0:
+        print("error: --turns must be >= 2, --repeat >= 1, --lag-seconds >= 0 and --gc-trajectories >= 0", file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.config, list(args.overrides))
@@ -551,6 +593,9 @@ def main_turns(args) -> int:
     print(f"ours at turn {n} / ours at turn 2 as they come ({rows[-1]['new_tokens']} vs {rows[1]['new_tokens']} new tokens: "
           f"a turn costs what its new message costs): {s['growth_raw']:.2f}; seed: {s['growth_raw_seed']:.2f}")
     loop = measure_loop(chat, opening, steps, args.lag_seconds, args.repeat) if args.lag_seconds > 0 else None
+    if loop is not None and args.gc_trajectories > 0:
+        messages = list(opening) + [m for st in steps for m in (st.assistant, st.follow)]
+        loop.update(measure_gc(chat.encode(chat.render(messages, add_generation_prompt=True)), args.gc_trajectories, args.repeat))
     if loop is not None:
         print(format_loop(loop, chat.releases_gil))
     if args.json:

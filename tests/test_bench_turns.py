@@ -32,6 +32,9 @@ def test_small_run_writes_the_json(tmp_path, capsys):
     assert all(r["ours_ms"] > 0 and r["seed_ms"] > 0 and r["new_tokens"] > 0 for r in rows)
     assert all(a["tokens"] < b["tokens"] for a, b in zip(rows, rows[1:]))
     assert data["targets"] == {"ratio_last": 20.0, "growth": 1.5}
+    loop = data["loop"]  # the event-loop section, with the garbage-collection timing
+    assert loop["gc_trajectories"] == 512 and loop["gc_tokens"] == loop["tokens"]
+    assert loop["gc_lists_ms"] > loop["gc_compact_ms"] >= 0 and "one full garbage collection with 512" in printed
 
 
 @pytest.mark.parametrize("domain_fixture", ["retail", "airline"])
