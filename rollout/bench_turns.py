@@ -429,7 +429,8 @@ def loop_lag_while(work, seconds: float) -> dict[str, Any]:
     return asyncio.run(run())
 
 
-def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds: float, repeat: int) -> dict[str, Any]:
+def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds: float, repeat: int,
+                 gc_trajectories: int = 0) -> dict[str, Any]:
     """The event loop's lag while a thread tokenizes the whole last-turn conversation, through
     ``transformers`` and through ``chat`` (see the module docstring), and the CPU time of the
     JSON encoding of its ``/generate`` body with ``json`` and with :mod:`rollout.fastjson`.
@@ -437,7 +438,8 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     Returns:
         ``{"tokens", "transformers": {...}, "ours": {...}, "p99_ratio", "json_stdlib_ms",
         "json_ours_ms", "json_ratio", "json_bytes"}``: the two lag dicts of :func:`loop_lag_while`,
-        p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours.
+        p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours; with
+        ``gc_trajectories`` > 0 also :func:`measure_gc`'s keys for trajectories of these ids.
     """
     from rollout import fastjson
 
@@ -457,6 +459,8 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     ours = _median_cpu_s(lambda: fastjson.dumps(body), repeat) * 1e3
     out.update({"json_stdlib_ms": round(std, 4), "json_ours_ms": round(ours, 4),
                 "json_ratio": round(std / ours, 1) if ours > 0 else None, "json_bytes": len(fastjson.dumps(body))})
+    if gc_trajectories > 0:
+        out.update(measure_gc(ids, gc_trajectories, repeat))
     return out
 
 
@@ -601,10 +605,7 @@ def main_turns(args) -> int:
           f"{'met' if s['growth_met'] else 'NOT met'}; seed: {same['seed_at_last_ms']:.3f} / {same['seed_at_2_ms']:.3f} ms = {s['growth_seed']:.2f}")
     print(f"ours at turn {n} / ours at turn 2 as they come ({rows[-1]['new_tokens']} vs {rows[1]['new_tokens']} new tokens: "
           f"a turn costs what its new message costs): {s['growth_raw']:.2f}; seed: {s['growth_raw_seed']:.2f}")
-    loop = measure_loop(chat, opening, steps, args.lag_seconds, args.repeat) if args.lag_seconds > 0 else None
-    if loop is not None and args.gc_trajectories > 0:
-        messages = list(opening) + [m for st in steps for m in (st.assistant, st.follow)]
-        loop.update(measure_gc(chat.encode(chat.render(messages, add_generation_prompt=True)), args.gc_trajectories, args.repeat))
+    loop = measure_loop(chat, opening, steps, args.lag_seconds, args.repeat, args.gc_trajectories) if args.lag_seconds > 0 else None
     if loop is not None:
         print(format_loop(loop, chat.releases_gil))
     if args.json:
