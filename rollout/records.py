@@ -144,14 +144,14 @@ class Trajectory:
     @property
     def tokens(self) -> list[int]:
         """Prompt + response ids: exactly the sequence the policy saw and sampled (a new list)."""
-        if isinstance(self.prompt_ids, array.array):
+        if self.is_compact:
             return (self.prompt_ids + self.response_ids).tolist()
         return self.prompt_ids + self.response_ids
 
     def token_array(self) -> np.ndarray:
         """Prompt + response ids as a new 1-D ``int64`` numpy array of ``len(self)`` ids (from the
         compact form without making a Python int per id)."""
-        if isinstance(self.prompt_ids, array.array):
+        if self.is_compact:
             return np.concatenate((np.frombuffer(self.prompt_ids, dtype=np.int64), np.frombuffer(self.response_ids, dtype=np.int64)))
         return np.asarray(self.prompt_ids + self.response_ids, dtype=np.int64)
 
