@@ -153,9 +153,9 @@ def _raw(**kw) -> dict:
 def test_floor_probe_measures_an_idle_loop_and_resets():
     import time
 
-    from rollout.bench_pool import FloorProbe
-
     import psutil
+
+    from rollout.bench_pool import FloorProbe
 
     floor = FloorProbe(niceness=3)  # the actors' niceness in the bench
     try:
