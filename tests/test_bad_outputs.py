@@ -67,7 +67,7 @@ async def _run_corpus(tokenizer, cases, mode):
 async def test_corpus_through_episodes_abort_mode(tokenizer):
     t0 = time.monotonic()
     results = await _run_corpus(tokenizer, CORPUS, "abort")
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 150  # a hang guard: about 16 s on a quiet machine
     for case, res in zip(CORPUS, results):
         traj = res.trajectory
         traj.check()

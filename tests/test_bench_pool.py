@@ -48,11 +48,17 @@ async def _post(session, url: str, path: str, body: dict) -> dict:
         return await r.json()
 
 
+async def _get(session, url: str, path: str) -> dict:
+    async with session.get(url + path) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
 # --------------------------------------------------------------------------- injected latency
 async def test_concurrent_generate_calls_wait_the_latency_together(tok):
     n, latency = 32, 0.4
-    # two generation threads: a latency that held a thread would take n / 2 x latency
-    async with serve(CountingBackend(), tok, max_workers=2, generate_latency_s=latency) as (url, s):
+    # one generation thread: a latency that held it (or the loop) would take n x latency
+    async with serve(CountingBackend(), tok, max_workers=1, generate_latency_s=latency) as (url, s):
         t0 = time.monotonic()
 
         async def one(i: int) -> tuple[dict, float]:
@@ -64,7 +70,7 @@ async def test_concurrent_generate_calls_wait_the_latency_together(tok):
     assert all(out["output_ids"] == [100, 101, 102] for out, _ in answers)
     assert all(out["meta_info"]["finish_reason"] == {"type": "length", "length": 3} for out, _ in answers)
     assert min(t for _, t in answers) >= latency * 0.95, "every call waits the injected latency"
-    assert wall < 2.5 * latency, f"{n} calls took {wall:.2f}s: they waited one after another, not together"
+    assert wall < n / 2 * latency, f"{n} calls took {wall:.2f}s: they waited one after another, not together"
 
 
 async def test_zero_latency_changes_nothing(tok):
@@ -79,13 +85,17 @@ async def test_zero_latency_changes_nothing(tok):
 
 
 async def test_abort_during_the_latency_answers_at_once(tok):
-    async with serve(CountingBackend(), tok, generate_latency_s=5.0) as (url, s):
+    async with serve(CountingBackend(), tok, generate_latency_s=60.0) as (url, s):
         t0 = time.monotonic()
         call = asyncio.ensure_future(_post(s, url, "/generate", _body("slow")))
         await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 30  # it has arrived by now, unless a loaded machine is slow
+        while (await _get(s, url, "/get_server_info"))["num_inflight_requests"] != 1:
+            assert time.monotonic() < deadline, "the request did not arrive"
+            await asyncio.sleep(0.01)
         assert (await _post(s, url, "/abort_request", {"rid": "slow"}))["aborted"] == 1
         out = await call
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 20  # not the 60 s latency
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert out["output_ids"] == []
 
@@ -112,7 +122,7 @@ async def test_loop_lag_probe_sees_a_blocked_loop():
     assert first["samples"] == 0 and first["p99_ms"] is None and first["pid"] == os.getpid()
     await asyncio.sleep(0.3)
     calm = await worker.loop_lag(reset=True)
-    assert calm["samples"] >= 10
+    assert calm["samples"] >= 5  # 60 on a quiet machine; a loaded one wakes the probe late
     assert calm["p50_ms"] < 50, calm  # generous: the machine may be busy
     time.sleep(0.25)  # block the event loop
     await asyncio.sleep(0.1)

@@ -79,7 +79,7 @@ def test_config_validation_stays_fast_and_imports_no_tau2():
     error, seconds, imported = out.stdout.strip().splitlines()
     assert error.startswith("env.domain: 'nope' is not a tau2 domain") and "telecom" in error
     assert imported == "[]"
-    assert float(seconds) < 5.0  # about 0.3 s here; the registry itself would take about 9 s
+    assert float(seconds) < 8.0  # about 0.3-0.9 s here; the registry itself would take about 9 s
 
 
 def test_the_cli_reports_an_unknown_domain_as_a_config_error(capsys):

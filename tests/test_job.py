@@ -151,6 +151,6 @@ def test_preflight_fails_in_seconds_with_one_line(tmp_path):
         took = time.time() - t0
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
-        assert took < 40, f"{extra}: {took:.0f}s"
+        assert took < 80, f"{extra}: {took:.0f}s"  # about 5 s (a process start); retrying a dead router took 165 s
         assert "Traceback" not in proc.stderr
     assert "ROLLOUT_UNSET_USER_KEY" in errors[0]

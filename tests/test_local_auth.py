@@ -230,10 +230,10 @@ def test_stack_dies_with_the_process_that_started_it(tmp_path, starter):
         assert len(pids) >= 3 and all(_alive(p) for p in pids)  # server, router wrapper, router
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 30.0  # about a second; a hang guard
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [p for p in pids if _alive(p)], f"still alive 10 s after the SIGKILL: {pids}"
+        assert not [p for p in pids if _alive(p)], f"still alive 30 s after the SIGKILL: {pids}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,6 +7,7 @@ Servers run in-process on loopback (aiohttp's TestServer); the last test starts 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import threading
@@ -86,19 +87,29 @@ async def _generate(session, url, body, status=200) -> dict:
         return data
 
 
+async def _until(pred, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 class SlowBackend:
-    """Yields token 100 every ``delay`` seconds, for ever; records when it was closed."""
+    """Yields token 100 every ``delay`` seconds, for ever; records when it was closed and how
+    many tokens it yielded (by the prompt's first id)."""
 
     name = "slow"
 
     def __init__(self, delay: float = 0.02) -> None:
         self.delay = delay
         self.closed = threading.Event()
+        self.steps: collections.Counter = collections.Counter()
 
     def generate(self, input_ids, params: SamplingParams):
         try:
             while True:
                 time.sleep(self.delay)
+                self.steps[input_ids[0]] += 1
                 yield 100, -0.5
         finally:
             self.closed.set()
@@ -257,26 +268,28 @@ async def test_abort_in_flight_request(tok):
         body = {"input_ids": [1, 2, 3], "rid": "slow-1", "return_logprob": True, "sampling_params": {"max_new_tokens": 100000}}
         task = asyncio.create_task(_generate(s, url, body))
         await asyncio.sleep(0.3)
+        await _until(lambda: backend.steps[1] >= 2)  # at once, unless a loaded machine is slow
         t0 = time.monotonic()
         async with s.post(url + "/abort_request", json={"rid": "slow-1"}) as r:
             assert r.status == 200 and (await r.json())["aborted"] == 1
-        out = await asyncio.wait_for(task, timeout=5)
-        assert time.monotonic() - t0 < 1.0
+        out = await asyncio.wait_for(task, timeout=60)
+        assert time.monotonic() - t0 < 30  # not aborted, it would run 100000 x 0.02 s
         fr = out["meta_info"]["finish_reason"]
         assert fr["type"] == "abort" and isinstance(fr["message"], str)
         assert 0 < len(out["output_ids"]) < 100000
         assert out["meta_info"]["completion_tokens"] == len(out["output_ids"])
         assert [e[1] for e in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
-        assert await asyncio.to_thread(backend.closed.wait, 2.0)  # the worker thread stopped too
+        assert await asyncio.to_thread(backend.closed.wait, 30)  # the worker thread stopped too
 
         # abort_all, with two requests served concurrently
         backend.closed.clear()
-        tasks = [asyncio.create_task(_generate(s, url, {"input_ids": [1], "sampling_params": {"max_new_tokens": 100000}}))
-                 for _ in range(2)]
+        tasks = [asyncio.create_task(_generate(s, url, {"input_ids": [i], "sampling_params": {"max_new_tokens": 100000}}))
+                 for i in (2, 3)]
         await asyncio.sleep(0.3)
+        await _until(lambda: backend.steps[2] >= 2 and backend.steps[3] >= 2)
         async with s.post(url + "/abort_request", json={"abort_all": True}) as r:
             assert (await r.json())["aborted"] == 2
-        outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
         assert all(o["meta_info"]["finish_reason"]["type"] == "abort" and o["output_ids"] for o in outs)
         # a short request still completes normally afterwards
         out = await _generate(s, url, {"input_ids": [1], "sampling_params": {"max_new_tokens": 3}})

@@ -125,19 +125,19 @@ def test_tokenize_timeout_is_a_validated_policy_key():
 
 # -- the episode loop and the tokenizer lock ------------------------------------------------------------
 class _LockHolder:
-    """Holds a chat template's tokenizer lock in a thread for ``seconds`` (as a thread encoding a
-    huge prompt would), recording when it held it."""
+    """Holds a chat template's tokenizer lock in a thread for ``seconds`` or until ``release`` is
+    set (as a thread encoding a huge prompt would), recording when it held it."""
 
     def __init__(self, chat, seconds: float):
         self.chat, self.seconds = chat, seconds
-        self.held = threading.Event()
+        self.held, self.release = threading.Event(), threading.Event()
         self.acquired_at = self.released_at = None
 
     def _run(self) -> None:
         with self.chat._lock:
             self.acquired_at = time.monotonic()
             self.held.set()
-            time.sleep(self.seconds)
+            self.release.wait(self.seconds)
             self.released_at = time.monotonic()
 
     def start(self) -> None:
@@ -188,30 +188,38 @@ async def test_the_loop_keeps_running_while_a_thread_holds_the_tokenizer_lock_at
     assert res.metadata["turns"] == 1 and res.messages[2]["content"] == GOODBYE
     assert done_at >= h.released_at
     during = [lag for t, lag in samples if h.acquired_at + 0.05 <= t <= h.released_at - 0.1]
-    assert len(during) >= 20  # the probe kept being scheduled while the lock was held...
-    assert max(during) < 0.5  # ...promptly: the loop never waited on the lock (1.5 s)
+    # A loop that waited on the lock gives no sample in the window, or one that woke ~1.4 s late.
+    assert len(during) >= 10  # the probe kept being scheduled while the lock was held...
+    assert max(during) < 1.0  # ...promptly: the loop never waited on the lock (1.5 s)
 
 
 async def test_a_tokenizer_call_past_its_timeout_is_a_typed_infrastructure_failure(tokenizer, retail):
     holder: dict[str, _LockHolder] = {}
 
+    # The holders keep the lock up to 60 s, released once their episode has ended: however slow
+    # the machine, the episode finds the lock taken; a timeout that did not work would wait on
+    # the lock and run into the 30 s limits.
     def script(eid, step, input_ids):
         if eid.endswith("decode"):  # the lock is taken while the turn is generated
-            holder["h"] = _LockHolder(worker.chat, 3.0)
+            holder["h"] = _LockHolder(worker.chat, 60)
             holder["h"].start()
         return GOODBYE, "eos"
 
     async with ScriptedPolicyServer(tokenizer, script) as server:
         worker = _worker(server.url, "policy.tokenize_timeout_s=0.5")
         worker.settings = dataclasses.replace(worker.settings, tokenize_timeout_s=worker.policy_cfg.tokenize_timeout_s)
+        first = _LockHolder(worker.chat, 60)  # the first prompt cannot be encoded in time
         try:
-            first = _LockHolder(worker.chat, 3.0)  # the first prompt cannot be encoded in time
             first.start()
-            at_prompt = await asyncio.wait_for(worker.run(_spec(retail, "prompt")), 60)
+            at_prompt = await asyncio.wait_for(worker.run(_spec(retail, "prompt")), 30)
+            first.release.set()
             while first.released_at is None:
                 await asyncio.sleep(0.05)
-            at_decode = await asyncio.wait_for(worker.run(_spec(retail, "decode")), 60)
+            at_decode = await asyncio.wait_for(worker.run(_spec(retail, "decode")), 30)
         finally:
+            first.release.set()
+            if "h" in holder:
+                holder["h"].release.set()
             await worker.close()
     for res in (at_prompt, at_decode):
         assert res.status is EpisodeStatus.POLICY_ERROR and res.status.is_infrastructure_failure, res.metadata

@@ -258,7 +258,7 @@ async def test_a_call_that_fails_aborts_its_last_live_attempt(caplog):
             client = _client(backend.url, session, "policy.max_request_retries=1", "policy.request_timeout_s=0.5")
             with pytest.raises(PolicyServerError, match="after 2 attempts: timed out"):
                 await client.generate([1, 2], 4, rid="ep#0", routing_key="ep")
-            await asyncio.wait_for(asyncio.gather(*client._background), 5)
+            await asyncio.wait_for(asyncio.gather(*client._background), 30)
     finally:
         await backend.stop()
     assert backend.rids() == ["ep#0", "ep#0.r1"]

@@ -39,7 +39,7 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
         t0 = time.monotonic()
         runaway_pid = worker.sandbox.pid
         try:
-            results = await asyncio.wait_for(asyncio.gather(*[worker.run(s) for s in specs]), timeout=60)
+            results = await asyncio.wait_for(asyncio.gather(*[worker.run(s) for s in specs]), timeout=120)
         finally:
             await worker.close()
         elapsed = time.monotonic() - t0
@@ -59,7 +59,7 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
         assert res.status is EpisodeStatus.COMPLETED, res.metadata
         tool_outputs = [m["content"] for m in res.messages if m["role"] == "tool"]
         assert tool_outputs[1] == "5.0"  # the restarted sandbox answers the next calculate call
-    assert elapsed < 40
+    assert elapsed < 90  # about 8 s here (3 s to the kill, then the sandbox restarts: a tau2 import); not for ever
 
 
 def test_sandbox_children_do_not_rerun_the_parents_main_script(tmp_path):

@@ -212,7 +212,7 @@ async def test_a_user_tool_that_hangs_is_cut_at_the_step_timeout_and_the_loop_ru
     release = threading.Event()
 
     def hang(**kwargs):  # a user tool stuck in environment code
-        release.wait(30)
+        release.wait(60)
         return "too late"
 
     setattr(env._env.user_tools, name, hang)
@@ -234,8 +234,8 @@ async def test_a_user_tool_that_hangs_is_cut_at_the_step_timeout_and_the_loop_ru
     finally:
         release.set()
         tick_task.cancel()
-    assert 0.45 <= elapsed < 3.0
-    assert ticks >= 20  # the event loop kept running while the tool hung
+    assert 0.45 <= elapsed < 20  # cut at 0.5 s, not waited out (60 s)
+    assert ticks >= 5  # the event loop kept running while the tool hung (a blocked one: 0-1)
     assert [m.role for m in env.messages[n_messages:]] == ["assistant"]  # the hung call is not recorded
 
 
