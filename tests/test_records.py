@@ -55,6 +55,35 @@ def test_a_compact_trajectory_gives_the_same_record_and_is_not_walked_by_the_gc(
         Trajectory(prompt_ids=[1]).compact().append_generated([2, 3], [-0.1])
 
 
+def test_a_compact_trajectory_grows_while_something_holds_every_object_the_collector_tracks():
+    """An ``array.array`` cannot grow while a buffer of it is exported. Building the /generate ids
+    must leave no view of the live arrays that anything else could keep: here a profile hook, run
+    at every call into C and every return from one while the ids are built, keeps every
+    memoryview the collector tracks (as any ``gc.get_objects()`` caller could, another thread
+    for one). Views made by ``np.frombuffer`` on the arrays themselves made the next append
+    raise ``BufferError``."""
+    import gc
+    import sys
+
+    traj = Trajectory(prompt_ids=list(range(50))).compact()
+    traj.append_generated([7, 8], [-0.5, -0.25], "0")
+    kept: list = []
+
+    def keep(frame, event, arg):
+        if event in ("c_call", "c_return"):
+            kept.extend(o for o in gc.get_objects() if isinstance(o, memoryview))
+
+    sys.setprofile(keep)
+    try:
+        ids = traj.token_array()
+    finally:
+        sys.setprofile(None)
+    traj.append_generated([9], [-1.0], "1")
+    traj.append_context([10, 11])
+    assert ids.dtype == np.int64 and ids.tolist() == list(range(50)) + [7, 8]
+    assert traj.tokens == list(range(50)) + [7, 8, 9, 10, 11]
+    traj.check()
+
 def test_infra_statuses_are_flagged():
     assert EpisodeStatus.POLICY_ERROR.is_infrastructure_failure
     assert EpisodeStatus.USER_ERROR.is_infrastructure_failure
