@@ -15,6 +15,7 @@ prompts. A call past its bound ends the episode ``policy_error`` (``tokenize_tim
 
 from __future__ import annotations
 
+import array
 import asyncio
 import logging
 import time
@@ -124,19 +125,36 @@ async def _off_loop(settings: EpisodeSettings, fn, *args):
     try:
         return await asyncio.wait_for(asyncio.to_thread(fn, *args), settings.tokenize_timeout_s)
     except asyncio.TimeoutError:
-        name = getattr(fn, "__name__", "tokenizer call")
+        name = getattr(fn, "__name__", "tokenizer call").lstrip("_")
         raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
 
 
-async def _delta_ids(settings: EpisodeSettings, chat: ChatTemplate, message: dict) -> list[int]:
-    """:meth:`ChatTemplate.delta_ids` of one message: on the loop when it is short (see
-    :meth:`ChatTemplate.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
+def _prompt_trajectory(chat: ChatTemplate, messages: list[dict]) -> Trajectory:
+    """The episode's :class:`Trajectory` on its first prompt, compact (blocking: run in a thread).
+
+    The ~5k ids go into the compact record in the thread: no list of them waits on the loop (in
+    a future's result, then a frame) where the garbage collector walks every item. At 512
+    episodes per actor, lists of first-prompt and delta ids held about half the references a
+    gen-1 collection walked (a census in an actor under ``python -m rollout.bench pool``).
+    """
+    return Trajectory(prompt_ids=chat.prompt_ids(messages)).compact()
+
+
+def _delta_array(chat: ChatTemplate, messages: list[dict]) -> array.array:
+    """:meth:`ChatTemplate.delta_ids` as an int64 ``array.array`` (blocking: run in a thread)."""
+    return array.array("q", chat.delta_ids(messages))
+
+
+async def _delta_ids(settings: EpisodeSettings, chat: ChatTemplate, message: dict) -> array.array:
+    """:meth:`ChatTemplate.delta_ids` of one message as an int64 ``array.array`` (the garbage
+    collector does not walk its items while the episode holds it): on the loop when it is short
+    (see :meth:`ChatTemplate.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
 
     Raises:
         TokenizeTimeout: the thread did not finish in time.
     """
     ids = chat.try_delta_ids_now([message])
-    return ids if ids is not None else await _off_loop(settings, chat.delta_ids, [message])
+    return array.array("q", ids) if ids is not None else await _off_loop(settings, _delta_array, chat, [message])
 
 
 @dataclass
@@ -305,7 +323,7 @@ async def run_episode(
     # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
     try:
         # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
-        traj = Trajectory(prompt_ids=await _off_loop(settings, chat.prompt_ids, messages)).compact()
+        traj = await _off_loop(settings, _prompt_trajectory, chat, messages)
     except TokenizeTimeout as e:
         return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
 
@@ -392,7 +410,7 @@ async def run_episode(
     return finish(EpisodeStatus.MAX_STEPS, "max_steps")
 
 
-def _append_delta(traj: Trajectory, delta: list[int], settings: EpisodeSettings) -> bool:
+def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: EpisodeSettings) -> bool:
     """Append a context delta unless it would leave no room to generate; False when full."""
     if len(traj) + len(delta) >= settings.max_context_tokens:
         return False

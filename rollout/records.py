@@ -215,8 +215,9 @@ class Trajectory:
         self.weight_versions.append(None if weight_version is None else str(weight_version))
         self.generation_spans.append((start, start + len(ids)))
 
-    def append_context(self, ids: list[int]) -> None:
-        """Append ids the policy did not sample (mask 0, log-prob 0.0)."""
+    def append_context(self, ids: list[int] | array.array) -> None:
+        """Append ids the policy did not sample (mask 0, log-prob 0.0); ``ids``: a list or an
+        int64 ``array.array``."""
         self.response_ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.rollout_log_probs.extend([0.0] * len(ids))

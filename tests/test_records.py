@@ -1,3 +1,5 @@
+import array
+
 import numpy as np
 import pytest
 
@@ -18,9 +20,11 @@ def test_trajectory_keeps_tokens_mask_logprobs_aligned():
 
 
 def _ops(t: Trajectory) -> Trajectory:
-    """The same appends and discards on any form; big ids, tiny log-probs, an empty call."""
+    """The same appends and discards on any form; big ids, tiny log-probs, an empty call, context
+    ids as a list and as an int64 array (what the episode loop appends)."""
     t.append_generated([4, 151_643, 2**40], [-0.1, -1e-300, -23.75])
     t.append_context([6, 7])
+    t.append_context(array.array("q", [12, 2**41]))
     t.append_generated([], [], "v1")
     t.append_generated([8, 9, 10], [-0.5, -0.25, -0.125], "v2")
     assert t.discard_from(t.response_length - 2) == 2
