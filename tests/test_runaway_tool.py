@@ -47,7 +47,8 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
     assert runaway.status is EpisodeStatus.TOOL_TIMEOUT, runaway.metadata
     assert not runaway.status.is_infrastructure_failure
     assert "killed" in runaway.metadata["error"]
-    assert runaway.metadata["timings"]["tool_s"] < STEP_TIMEOUT_S + 5
+    # the call that was cut counts in the episode's tool time: the step timeout, not for ever
+    assert STEP_TIMEOUT_S * 0.95 <= runaway.metadata["timings"]["tool_s"] < STEP_TIMEOUT_S + 30
     assert worker.sandbox.kills == 1
     try:  # the process that ran the expression is gone: the work really stopped
         os.kill(runaway_pid, 0)

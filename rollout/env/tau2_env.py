@@ -763,8 +763,10 @@ class Tau2Environment:
                 info["role"] = "user"
                 return await self._finish("agent_stop", "", info)
             t0 = time.monotonic()
-            reply = await self.user.respond(action.content)
-            self.timings["user_s"] += time.monotonic() - t0
+            try:
+                reply = await self.user.respond(action.content)
+            finally:  # a user turn that failed or timed out counts too
+                self.timings["user_s"] += time.monotonic() - t0
             self.messages.append(UserMessage(role="user", content=reply.text))
             info["role"] = "user"
             if reply.stop:
@@ -777,8 +779,10 @@ class Tau2Environment:
         call = ToolCall(id=f"call_{self._call_ids}", name=action.name, arguments=action.arguments)
         self.messages.append(AssistantMessage(role="assistant", content=action.content or None, tool_calls=[call]))
         t0 = time.monotonic()
-        content, error = await self._run_tool(call)
-        self.timings["tool_s"] += time.monotonic() - t0
+        try:
+            content, error = await self._run_tool(call)
+        finally:  # a call cut at env.step_timeout_s (tool_timeout) counts too
+            self.timings["tool_s"] += time.monotonic() - t0
         self.messages.append(ToolMessage(id=call.id, role="tool", content=content, requestor="assistant", error=error))
         info.update(role="tool", tool_error=error)
         if action.name == TRANSFER_TOOL:
@@ -858,8 +862,10 @@ class Tau2Environment:
         self.termination = termination
         info["termination"] = termination
         t0 = time.monotonic()
-        reward, reward_info = await self.evaluate(termination)
-        self.timings["reward_s"] += time.monotonic() - t0
+        try:
+            reward, reward_info = await self.evaluate(termination)
+        finally:  # a reward that failed or timed out (eval_error) counts too
+            self.timings["reward_s"] += time.monotonic() - t0
         info["reward_info"] = reward_info
         return observation, reward, True, info
 
