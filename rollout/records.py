@@ -150,16 +150,16 @@ class Trajectory:
 
     def token_array(self) -> np.ndarray:
         """Prompt + response ids as a new 1-D ``int64`` numpy array of ``len(self)`` ids (from the
-        compact form without making a Python int per id; read-only there).
+        compact form without making a Python int per id).
 
-        From the compact form it copies through ``bytes``, never through a view: an
+        From the compact form it views a new concatenated array, never the live arrays: an
         ``array.array`` cannot grow while a buffer of it is exported, and a view (a memoryview,
         which the garbage collector tracks) that anything else got hold of, e.g. a
         ``gc.get_objects()`` caller, made the next append raise ``BufferError`` (seen once in an
         actor under ``python -m rollout.bench pool``; see tests/test_records.py).
         """
         if self.is_compact:
-            return np.frombuffer(self.prompt_ids.tobytes() + self.response_ids.tobytes(), dtype=np.int64)
+            return np.frombuffer(self.prompt_ids + self.response_ids, dtype=np.int64)
         return np.asarray(self.prompt_ids + self.response_ids, dtype=np.int64)
 
     @property
