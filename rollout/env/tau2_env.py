@@ -655,6 +655,16 @@ class Tau2Environment:
         self.user_tool_calls = 0
         self._call_ids = 0  # tool calls of this episode so far, the agent's and the user's
 
+    @contextlib.contextmanager
+    def _timed(self, key: str):
+        """Add the wall seconds of the ``with`` body to ``self.timings[key]``, whether it returns
+        or raises (a step cut at its timeout counts too)."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[key] += time.monotonic() - t0
+
     async def _bounded(self, executor: Executor | None, fn, *args, timeout: float, queue_timeout: float | None = None):
         """Run ``fn(*args)`` in ``executor`` and wait for it; ``timeout`` counts from when it
         starts running, not from when it was queued.
@@ -707,27 +717,25 @@ class Tau2Environment:
 
         self.task = self.domain.tasks[str(task_id)]
         self._start = time.time()
-        t0 = time.monotonic()
         self.fast = self.cfg.evaluator == "fast" and self.domain.fast.supports(self.task)
-        try:
-            if self.fast:  # a view of the actor's database: microseconds, on the loop
-                self._env = self.domain.fast.new_environment(self.task)
-            else:
-                self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
-        except (asyncio.TimeoutError, _QueuedTooLong):
-            raise EnvironmentStepError(f"building the {self.domain.name} environment took over {self.cfg.step_timeout_s}s") from None
-        except Exception as e:
-            raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
-        self.timings["env_s"] += time.monotonic() - t0
+        with self._timed("env_s"):
+            try:
+                if self.fast:  # a view of the actor's database: microseconds, on the loop
+                    self._env = self.domain.fast.new_environment(self.task)
+                else:
+                    self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
+            except (asyncio.TimeoutError, _QueuedTooLong):
+                raise EnvironmentStepError(f"building the {self.domain.name} environment took over {self.cfg.step_timeout_s}s") from None
+            except Exception as e:
+                raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
         if self.domain.user_tool_schemas:  # dual control: the user acts on its own side (telecom's phone)
             bind = getattr(self.user, "bind_tools", None)
             if bind is None:
                 raise UserSimulatorError(f"domain {self.domain.name} gives the user tools, but the user simulator "
                                          f"{type(self.user).__name__} cannot use them (no bind_tools)")
             bind(UserTools(schemas=tuple(self.domain.user_tool_schemas), call=self._user_tool))
-        t0 = time.monotonic()
-        opening = await self.user.start()
-        self.timings["user_s"] += time.monotonic() - t0
+        with self._timed("user_s"):
+            opening = await self.user.start()
         self.messages.append(UserMessage(role="user", content=opening))
         return opening, {"task_id": self.task.id, "domain": self.domain.name}
 
@@ -762,11 +770,8 @@ class Tau2Environment:
             if STOP in action.content:
                 info["role"] = "user"
                 return await self._finish("agent_stop", "", info)
-            t0 = time.monotonic()
-            try:
+            with self._timed("user_s"):
                 reply = await self.user.respond(action.content)
-            finally:  # a user turn that failed or timed out counts too
-                self.timings["user_s"] += time.monotonic() - t0
             self.messages.append(UserMessage(role="user", content=reply.text))
             info["role"] = "user"
             if reply.stop:
@@ -778,11 +783,8 @@ class Tau2Environment:
         self._call_ids += 1
         call = ToolCall(id=f"call_{self._call_ids}", name=action.name, arguments=action.arguments)
         self.messages.append(AssistantMessage(role="assistant", content=action.content or None, tool_calls=[call]))
-        t0 = time.monotonic()
-        try:
+        with self._timed("tool_s"):
             content, error = await self._run_tool(call)
-        finally:  # a call cut at env.step_timeout_s (tool_timeout) counts too
-            self.timings["tool_s"] += time.monotonic() - t0
         self.messages.append(ToolMessage(id=call.id, role="tool", content=content, requestor="assistant", error=error))
         info.update(role="tool", tool_error=error)
         if action.name == TRANSFER_TOOL:
@@ -842,17 +844,15 @@ class Tau2Environment:
         timeout = self.cfg.step_timeout_s
         self._call_ids += 1
         call = ToolCall(id=f"user_call_{self._call_ids}", name=name, arguments=dict(arguments), requestor="user")
-        t0 = time.monotonic()
-        try:
-            msg = await self._bounded(self.domain.tool_executor, self._env.get_response, call, timeout=timeout)
-        except asyncio.TimeoutError:
-            raise EnvironmentStepError(f"user tool {name!r} ran longer than {timeout}s") from None
-        except _QueuedTooLong as e:
-            raise EnvironmentStepError(f"user tool {name!r} waited {e.args[0]:.1f}s for a thread without starting (actor overloaded)") from None
-        except Exception as e:
-            raise EnvironmentStepError(f"user tool {name!r} failed outside tau2's error handling: {e!r}") from e
-        finally:
-            self.timings["user_tool_s"] += time.monotonic() - t0
+        with self._timed("user_tool_s"):
+            try:
+                msg = await self._bounded(self.domain.tool_executor, self._env.get_response, call, timeout=timeout)
+            except asyncio.TimeoutError:
+                raise EnvironmentStepError(f"user tool {name!r} ran longer than {timeout}s") from None
+            except _QueuedTooLong as e:
+                raise EnvironmentStepError(f"user tool {name!r} waited {e.args[0]:.1f}s for a thread without starting (actor overloaded)") from None
+            except Exception as e:
+                raise EnvironmentStepError(f"user tool {name!r} failed outside tau2's error handling: {e!r}") from e
         self.user_tool_calls += 1
         self.messages.append(UserMessage(role="user", content=None, tool_calls=[call]))
         self.messages.append(ToolMessage(id=call.id, role="tool", content=msg.content, requestor="user", error=msg.error))
@@ -861,11 +861,8 @@ class Tau2Environment:
     async def _finish(self, termination: str, observation: str, info: dict[str, Any]):
         self.termination = termination
         info["termination"] = termination
-        t0 = time.monotonic()
-        try:
+        with self._timed("reward_s"):
             reward, reward_info = await self.evaluate(termination)
-        finally:  # a reward that failed or timed out (eval_error) counts too
-            self.timings["reward_s"] += time.monotonic() - t0
         info["reward_info"] = reward_info
         return observation, reward, True, info
 
