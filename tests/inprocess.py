@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -21,3 +23,12 @@ async def serve(backend, tok, **kwargs):
             yield str(server.make_url("")).rstrip("/"), session
     finally:
         await server.close()
+
+
+async def wait_until(pred, timeout: float = 30.0) -> None:
+    """Poll ``pred()`` every 10 ms until it is true; fail after ``timeout`` seconds (a hang guard:
+    generous, so a loaded machine does not fail it)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)

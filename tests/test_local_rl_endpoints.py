@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from inprocess import serve
+from inprocess import serve, wait_until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -83,13 +83,6 @@ async def get(session, url, path) -> dict:
 def gen_body(first_id: int, max_new_tokens: int, **kw) -> dict:
     return {"input_ids": [first_id, 7, 8], "return_logprob": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, **kw}}
-
-
-async def wait_until(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def wait_held(session, url, n: int, timeout: float = 30.0) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from inprocess import serve
+from inprocess import serve, wait_until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -85,13 +85,6 @@ async def _generate(session, url, body, status=200) -> dict:
         data = await resp.json()
         assert resp.status == status, data
         return data
-
-
-async def _until(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 class SlowBackend:
@@ -268,7 +261,7 @@ async def test_abort_in_flight_request(tok):
         body = {"input_ids": [1, 2, 3], "rid": "slow-1", "return_logprob": True, "sampling_params": {"max_new_tokens": 100000}}
         task = asyncio.create_task(_generate(s, url, body))
         await asyncio.sleep(0.3)
-        await _until(lambda: backend.steps[1] >= 2)  # at once, unless a loaded machine is slow
+        await wait_until(lambda: backend.steps[1] >= 2)  # at once, unless a loaded machine is slow
         t0 = time.monotonic()
         async with s.post(url + "/abort_request", json={"rid": "slow-1"}) as r:
             assert r.status == 200 and (await r.json())["aborted"] == 1
@@ -286,7 +279,7 @@ async def test_abort_in_flight_request(tok):
         tasks = [asyncio.create_task(_generate(s, url, {"input_ids": [i], "sampling_params": {"max_new_tokens": 100000}}))
                  for i in (2, 3)]
         await asyncio.sleep(0.3)
-        await _until(lambda: backend.steps[2] >= 2 and backend.steps[3] >= 2)
+        await wait_until(lambda: backend.steps[2] >= 2 and backend.steps[3] >= 2)
         async with s.post(url + "/abort_request", json={"abort_all": True}) as r:
             assert (await r.json())["aborted"] == 2
         outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
