@@ -7,7 +7,8 @@ until ``--episodes`` are submitted) through :func:`rollout.cli.open_pool`, once 
 ``pool.max_concurrent_episodes = C / A`` (C concurrent episodes in all)::
 
     python -m rollout.bench pool --concurrency 256,1024 --actors 1,2 --latency 1.0 [--episodes N]
-        [--config configs/local.yaml] [--baseline KEY=VALUE ...] [--json FILE] [--plot FILE.png] [key=value ...]
+        [--config configs/local.yaml] [--baseline KEY=VALUE ...] [--baseline-rows first|all] [--json FILE]
+        [--plot FILE.png] [key=value ...]
 
 **The server.** With ``local.enabled=true`` one local stack (the configured backend, gold replay
 by default, behind the real ``sglang-router``) serves every row, and every ``/generate`` answer
@@ -62,6 +63,18 @@ concurrency, one actor, the same latency, with those overrides, e.g. ``env.evalu
 for tau2's own environment and reward path; that is the default when the config has the key,
 ``--baseline none`` skips it); otherwise the figure measured before issue 8
 (:data:`TODAY_CPU_S_PER_EPISODE`).
+
+**Side by side.** ``--baseline-rows all`` measures a reference row beside every main row (same
+concurrency and actors) and prints main / reference for episodes/s, CPU per episode and the lag;
+the CPU target then stays against the figure from before issue 8.
+A baseline that changes ``local.*`` (not ``local.enabled``) runs the reference rows first, on a
+local stack of their own. For example, the event loops (:mod:`rollout.eventloop`)::
+
+    python -m rollout.bench pool --concurrency 1024 --actors 2 --latency 1.0 \
+        --baseline pool.event_loop=asyncio --baseline local.event_loop=asyncio --baseline-rows all
+
+The ``loop actors/stack`` column gives the event loop the actors and the servers report
+(``uvloop`` or ``asyncio``).
 
 Exit status: 0 when every row ran (whatever the targets say), 2 on a bad config or option, 1
 when a row failed to run.
@@ -344,7 +357,8 @@ def judge(row: dict[str, Any], reference_cpu_s: float | None) -> dict[str, Any]:
 
 
 def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, latency_s: float | None,
-                stack_pids: list[int], label: str = "", stack_nice: int | None = None) -> dict[str, Any]:
+                stack_pids: list[int], label: str = "", stack_nice: int | None = None,
+                stack_event_loop: str | None = None) -> dict[str, Any]:
     """Run one row: ``episodes`` episodes with ``actors`` actors and ``concurrency`` episodes in
     flight in all (``concurrency`` must be a multiple of ``actors``), through
     :func:`rollout.cli.open_pool` with ``cfg`` (its router resolved); returns :func:`summarize`'s
@@ -355,6 +369,8 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         stack_pids: the local stack's processes (their CPU is reported apart), or [].
         stack_nice: niceness to give the stack's processes once the actors run; None: the
             actors' own (Ray starts its workers at ``RAY_worker_niceness``, 15 by default).
+        stack_event_loop: the local stack's event loop (``local.event_loop``), for the row's
+            record; None without a local stack.
 
     Raises:
         ValueError: ``episodes <= concurrency`` or ``concurrency`` not a multiple of ``actors``.
@@ -438,9 +454,34 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         "machine_busy_fraction": ((end.machine_busy - start.machine_busy) / (end.machine_total - start.machine_total)
                                   if local and end.machine_total > start.machine_total else None),  # this machine's, if it is the actors' one
         "loop_lags": lags, "floor_lag": floor_lag, "rss_peak_bytes": rss, "wall_s": wall,
+        "event_loop": "/".join(sorted({lag.get("event_loop") or "?" for lag in lags})) or None,
+        "stack_event_loop": stack_event_loop if stack_pids else None,
         "actor_niceness": actor_nice, "stack_niceness": sorted({n for n in map(_niceness, stack_pids) if n is not None}) or None,
     }
     return summarize(raw)
+
+
+def server_event_loops(urls: list[str], api_key_env: str | None = None, timeout_s: float = 10.0) -> str:
+    """The event loops the local servers at ``urls`` report (``event_loop`` of
+    ``GET /get_server_info``), sorted and joined by ``/``: ``"uvloop"`` when all run uvloop;
+    ``"?"`` for a server that does not say.
+
+    Raises:
+        OSError: a server did not answer within ``timeout_s`` seconds.
+    """
+    import urllib.request
+
+    from rollout.policy import api_key_from_env
+
+    key = api_key_from_env(api_key_env)
+    kinds = set()
+    for url in urls:
+        req = urllib.request.Request(url.rstrip("/") + "/get_server_info")
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            kinds.add(json.loads(resp.read()).get("event_loop") or "?")
+    return "/".join(sorted(kinds))
 
 
 # --------------------------------------------------------------------------- the machine's floor
@@ -534,7 +575,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The table ``python -m rollout.bench pool`` prints (one line per row, see the module docstring)."""
     head = (f"{'row':<9} {'conc':>5} {'actors':>6} {'eps':>5} {'window':>6} {'eps/s':>7} {'ideal':>7} {'ratio':>6} "
             f"{'calls/ep':>8} {'call s':>7} {'ep s':>7} {'CPU s/ep':>8} {'actor cores':>11} {'machine busy':>12} "
-            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'RSS MiB/actor':>13} {'CPU-bound':>9}")
+            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'RSS MiB/actor':>13} {'CPU-bound':>9} "
+            f"{'loop actors/stack':>17}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -544,8 +586,29 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{_f(r['actor_cpu_s_per_episode'], '.3f'):>8} {_f(r['actor_cores_max'], '.2f'):>11} "
             f"{_f(r['machine_busy_fraction'], '.0%'):>12} {_f(r['stack_cores'], '.2f'):>11} "
             f"{_f(r['loop_lag_p50_ms'], '.1f'):>10} {_f(r['loop_lag_p99_ms'], '.1f'):>10} "
-            f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} {_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9}")
+            f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} {_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9} "
+            f"{(r.get('event_loop') or '-') + '/' + (r.get('stack_event_loop') or '-'):>17}")
     return "\n".join(lines)
+
+
+def format_side_by_side(rows: list[dict[str, Any]]) -> str:
+    """For each main row with a reference row at the same concurrency and actor count (measured
+    in the same run, ``--baseline-rows all``): main / reference for episodes/s, actor CPU per
+    episode and loop-lag p50 and p99. An empty string when no row has its pair."""
+    refs = {(r["concurrency"], r["actors"]): r for r in rows if r.get("label")}
+    lines = []
+    for r in rows:
+        ref = refs.get((r["concurrency"], r["actors"]))
+        if r.get("label") or ref is None:
+            continue
+
+        def ratio(key: str) -> str:
+            a, b = r.get(key), ref.get(key)
+            return f"x{a / b:.2f}" if a is not None and b else "n/a"
+
+        lines.append(f"  {r['concurrency']}x{r['actors']}: episodes/s {ratio('episodes_per_s')}, actor CPU/episode "
+                     f"{ratio('actor_cpu_s_per_episode')}, loop lag p50 {ratio('loop_lag_p50_ms')}, p99 {ratio('loop_lag_p99_ms')}")
+    return ("main / reference, measured side by side in this run:\n" + "\n".join(lines)) if lines else ""
 
 
 def format_targets(rows: list[dict[str, Any]], reference_cpu_s: float | None, reference_how: str) -> str:
@@ -629,6 +692,9 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline", action="append", default=None, metavar="KEY=VALUE",
                    help="overrides of a reference row measured in the same run (repeatable; default env.evaluator=tau2 "
                         "when the config has that key; 'none': no reference row)")
+    p.add_argument("--baseline-rows", choices=("first", "all"), default="first",
+                   help="first: one reference row (the smallest concurrency, one actor: the reference CPU per episode); "
+                        "all: a reference row beside every main row, and their ratios printed side by side")
     p.add_argument("--stack-nice", type=int, default=None, metavar="N",
                    help="run the local stack's servers and router at this niceness (0-19; default: the actors' own, which "
                         "Ray sets to 15), so that the stand-in for GPU servers does not outrank the actors (see --help)")
@@ -689,8 +755,10 @@ def main_pool(args) -> int:
             baseline = ["env.evaluator=tau2"] if getattr(cfg.env, "evaluator", "tau2") != "tau2" else []
         baseline = [] if [b.lower() for b in baseline] == ["none"] else baseline
         ref_cfg = load_config(args.config, [*overrides, *baseline]) if baseline else None
-        if ref_cfg is not None and (ref_cfg.local != cfg.local or ref_cfg.env.domain != cfg.env.domain or ref_cfg.policy.router_url != cfg.policy.router_url):
-            raise ConfigError("--baseline may not change local.*, env.domain or policy.router_url (the rows share one server)")
+        if ref_cfg is not None and (ref_cfg.local.enabled != cfg.local.enabled or ref_cfg.env.domain != cfg.env.domain
+                                    or ref_cfg.policy.router_url != cfg.policy.router_url):
+            raise ConfigError("--baseline may not change local.enabled, env.domain or policy.router_url "
+                              "(a change to another local.* key runs the reference rows on a local stack of their own)")
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -713,7 +781,8 @@ def main_pool(args) -> int:
     reference_cpu, reference_how = TODAY_CPU_S_PER_EPISODE.get(domain), f"before issue 8: {TODAY_HOW}"
     facts: dict[str, Any] = {
         "args": {"config": args.config, "concurrency": concurrencies, "actors": actor_counts, "latency": latency,
-                 "episodes": args.episodes, "overrides": list(args.overrides), "stack_nice": args.stack_nice},
+                 "episodes": args.episodes, "overrides": list(args.overrides), "stack_nice": args.stack_nice,
+                 "baseline_rows": args.baseline_rows},
         "cpu_count": os.cpu_count(), "domain": domain, "task_split": cfg.env.task_split, "user": cfg.env.user.kind,
         "server": f"local:{cfg.local.backend}" if cfg.local.enabled else cfg.policy.router_url, "latency_s": latency,
         "today_cpu_s_per_episode": TODAY_CPU_S_PER_EPISODE.get(domain), "today_how": TODAY_HOW, "baseline_overrides": baseline,
@@ -728,28 +797,49 @@ def main_pool(args) -> int:
 
     plan = [(c, a, "") for c in concurrencies for a in actor_counts]
     if ref_cfg is not None:
-        plan.insert(0, (min(concurrencies), 1, "reference"))
+        # the reference rows first: before each main row (all), or once at the smallest concurrency
+        # with one actor (first); on a stack of their own when the baseline changes local.*
+        if args.baseline_rows == "all":
+            plan = [row for c, a, _ in plan for row in ((c, a, "reference"), (c, a, ""))]
+            if ref_cfg.local != cfg.local:
+                plan.sort(key=lambda row: not row[2])
+        else:
+            plan.insert(0, (min(concurrencies), 1, "reference"))
+    stack_cfg: Config | None = None  # the config the running stack was started for
+    stack_loop: str | None = None  # the event loop its servers report
+    ref_measured = False
     try:
-        if cfg.local.enabled:
-            from rollout.local.stack import LocalStack
-
-            stack = LocalStack(cfg.local, domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / "bench_stack_logs",
-                               api_key_env=cfg.policy.api_key_env).start()
-            cfg = resolve_endpoints(cfg, stack.router_url)
-            cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, enabled=False))
-            if ref_cfg is not None:
-                ref_cfg = resolve_endpoints(ref_cfg, stack.router_url)
-                ref_cfg = dataclasses.replace(ref_cfg, local=dataclasses.replace(ref_cfg.local, enabled=False))
-        stack_pids = stack.pids() if stack is not None else []
         for k, (c, a, label) in enumerate(plan, 1):
+            row_cfg = ref_cfg if label else cfg
+            assert row_cfg is not None
+            if row_cfg.local.enabled and (stack_cfg is None or stack_cfg.local != row_cfg.local):
+                from rollout.local.stack import LocalStack
+
+                if stack is not None:
+                    stack.stop(remove_logs=False)
+                    stack = None
+                stack = LocalStack(row_cfg.local, domain, row_cfg.policy.tokenizer,
+                                   log_dir=Path(row_cfg.rollout.output_dir) / "bench_stack_logs",
+                                   api_key_env=row_cfg.policy.api_key_env).start()
+                stack_cfg = row_cfg
+                stack_loop = server_event_loops(stack.worker_urls, row_cfg.policy.api_key_env)
+            run_cfg = row_cfg
+            if row_cfg.local.enabled:
+                assert stack is not None
+                run_cfg = resolve_endpoints(row_cfg, stack.router_url)
+                run_cfg = dataclasses.replace(run_cfg, local=dataclasses.replace(run_cfg.local, enabled=False))
+            stack_pids = stack.pids() if stack is not None else []
             n = args.episodes or 3 * c
             what = f"{label} row ({' '.join(baseline)})" if label else "row"
             print(f"[{k}/{len(plan)}] {what}: {c} concurrent episodes on {a} actor(s), {n} episodes ...", file=sys.stderr, flush=True)
-            row = measure_row(ref_cfg if label else cfg, c, a, n, latency, stack_pids, label=label, stack_nice=args.stack_nice)
-            if label:
-                if row["actor_cpu_s_per_episode"] is not None:
+            row_latency = row_cfg.local.generate_latency_s if row_cfg.local.enabled else None
+            row = measure_row(run_cfg, c, a, n, row_latency, stack_pids, label=label, stack_nice=args.stack_nice,
+                              stack_event_loop=stack_loop if row_cfg.local.enabled else None)
+            if label and args.baseline_rows == "first":  # the reference CPU per episode (with "all": side by side only)
+                if row["actor_cpu_s_per_episode"] is not None and not ref_measured:
+                    ref_measured = True
                     reference_cpu = row["actor_cpu_s_per_episode"]
-                    reference_how = f"measured in this run: {c} concurrent, 1 actor, {' '.join(baseline)}"
+                    reference_how = f"measured in this run: {c} concurrent, {a} actor(s), {' '.join(baseline)}"
             rows.append(row)
             for r in rows:
                 for key in ("target_cpu_why", "target_lag_why", "target_ratio_why"):
@@ -773,6 +863,9 @@ def main_pool(args) -> int:
     print(f"reference CPU/episode: {_f(reference_cpu, '.3f')} s ({reference_how}); "
           f"before issue 8 ({TODAY_HOW}): {_f(TODAY_CPU_S_PER_EPISODE.get(domain), '.3f')} s")
     print(format_targets(rows, reference_cpu, reference_how))
+    side = format_side_by_side(rows)
+    if side:
+        print(side)
     print("columns: eps/s and every figure over the window when all slots were busy (see --help); CPU s/ep = actor processes "
           "+ their sandboxes, the driver and the stack excluded; actor cores = the busiest actor's own process; "
           f"CPU-bound = actor cores or machine busy >= {CPU_BOUND_AT:.0%}; lag p50 = median over actors, p99 = worst actor; floor p99 = an idle process on this machine")

@@ -50,6 +50,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rollout.config import Config
+from rollout.eventloop import ray_env_vars
 from rollout.groups import Excluded, GroupAssembler, Rerun, TrainingPolicy, rerun_episode_id
 from rollout.policy import RouterAdmin, api_key_from_env
 from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
@@ -236,7 +237,8 @@ class RolloutPool:
 
         Raises:
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
-                the actor's error.
+                the actor's error; or an actor runs another event loop than ``pool.event_loop``
+                (uvloop missing on its node; the actors are stopped).
         """
         if self._started:
             return self
@@ -253,7 +255,9 @@ class RolloutPool:
             finally:
                 quiet.setLevel(level)
         p = self.cfg.pool
-        opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0)
+        # the actors' event loop (pool.event_loop): Ray builds it, from RAY_USE_UVLOOP
+        opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0,
+                    runtime_env={"env_vars": ray_env_vars(p.event_loop)})
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
@@ -268,9 +272,15 @@ class RolloutPool:
             self._gcs_address = None
         try:
             infos = ray.get([a.info.remote() for a in self.actors])
+            loops = ray.get([a.event_loop.remote() for a in self.actors])
         except RayActorError as e:
             raise RuntimeError(f"a rollout actor failed to start: {e}") from None
-        logger.info("%d rollout actors ready (pids %s)", len(infos), [i["pid"] for i in infos])
+        wrong = [(i["pid"], k) for i, k in zip(infos, loops) if k != p.event_loop]
+        if wrong:
+            self.shutdown(timeout_s=5.0)
+            raise RuntimeError(f"pool.event_loop={p.event_loop}, but rollout actors (pid, loop) {wrong} run another loop: "
+                               f"is uvloop installed on their nodes? (or set pool.event_loop=asyncio)")
+        logger.info("%d rollout actors ready (pids %s, event loop %s)", len(infos), [i["pid"] for i in infos], p.event_loop)
         self._started = True
         return self
 
@@ -971,8 +981,8 @@ class RolloutPool:
 
     def loop_lags(self, reset: bool = False, timeout_s: float | None = 60.0) -> list[dict]:
         """Each actor's event-loop lag, in actor order (:meth:`rollout.worker.RolloutWorker.loop_lag`:
-        ``{"samples", "interval_ms", "p50_ms", "p99_ms", "max_ms", "mean_ms", "pid"}``, milliseconds).
-        The probes start at the first call (which returns no samples).
+        ``{"samples", "interval_ms", "p50_ms", "p99_ms", "max_ms", "mean_ms", "pid", "event_loop"}``, milliseconds;
+        ``event_loop``: ``"uvloop"`` or ``"asyncio"``). The probes start at the first call (which returns no samples).
 
         Args:
             reset: each actor forgets its samples after reading them (starts a measured window).

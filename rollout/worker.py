@@ -25,6 +25,7 @@ from rollout.env.tau2_env import Tau2Environment
 from rollout.env.tau_bench_env import TauBenchDomain, make_domain
 from rollout.env.user import UserSimulatorError, make_user
 from rollout.episode import EpisodeSettings, run_episode
+from rollout.eventloop import loop_kind
 from rollout.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.tokenizer import load_tokenizer
@@ -295,10 +296,16 @@ class RolloutWorker:
             reset: forget the samples after reading them.
 
         Returns:
-            :meth:`LoopLagProbe.stats` plus ``"pid"``.
+            :meth:`LoopLagProbe.stats` plus ``"pid"`` and ``"event_loop"`` (``"uvloop"`` or
+            ``"asyncio"``, :func:`rollout.eventloop.loop_kind`).
         """
         self.lag_probe.start()
-        return {**self.lag_probe.stats(reset=reset), "pid": os.getpid()}
+        return {**self.lag_probe.stats(reset=reset), "pid": os.getpid(), "event_loop": loop_kind(asyncio.get_running_loop())}
+
+    async def event_loop(self) -> str:
+        """The kind of event loop this worker's coroutines run on: ``"uvloop"`` or ``"asyncio"``
+        (in a Ray actor, the loop Ray built; see :mod:`rollout.eventloop`)."""
+        return loop_kind(asyncio.get_running_loop())
 
     def info(self) -> dict[str, Any]:
         """Identity and state of this worker (for logs and the pool)."""

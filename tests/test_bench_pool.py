@@ -207,6 +207,22 @@ def test_summarize_computes_the_ideal_from_calls_and_latency():
     assert summarize(_raw(latency_s=0.0))["ratio"] is None
 
 
+def test_side_by_side_pairs_each_main_row_with_its_reference_row():
+    from rollout.bench_pool import format_side_by_side, format_table, summarize
+
+    ref = summarize(_raw(label="reference", window_episodes=160, actor_cpu_s=[20.0, 12.0], event_loop="asyncio", stack_event_loop="asyncio"))
+    main = summarize(_raw(event_loop="uvloop", stack_event_loop="uvloop"))
+    other = summarize(_raw(concurrency=1024))  # no reference row at 1024x2
+    text = format_side_by_side([ref, main, other])
+    # main 16 eps/s against 8; CPU 16 / 320 episodes against 32 / 160 episodes; same lags
+    assert text.splitlines() == ["main / reference, measured side by side in this run:",
+                                 "  256x2: episodes/s x2.00, actor CPU/episode x0.25, loop lag p50 x1.00, p99 x1.00"]
+    assert format_side_by_side([main, other]) == ""
+    assert "n/a" in format_side_by_side([summarize(_raw(label="reference", loop_lags=[])), main])
+    table = format_table([ref, main, other]).splitlines()
+    assert table[2].endswith("asyncio/asyncio") and table[3].endswith("uvloop/uvloop") and table[4].endswith("-/-")
+
+
 # a small scale for the option tests, which must fail before anything starts (were one to run)
 TINY = ["--concurrency", "1", "--actors", "1", "--episodes", "2", "--baseline", "none", "env.task_ids=[0]"]
 
@@ -276,14 +292,25 @@ def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
     from rollout.bench import main
 
     out = tmp_path / "pool.json"
-    code = main(["pool", "--concurrency", "2", "--actors", "1", "--latency", "0.05", "--episodes", "6", "--baseline", "none", "--stack-nice", "5",
+    # a reference row beside the main one, on asyncio's loop in the actors and in a stack of its own
+    code = main(["pool", "--concurrency", "2", "--actors", "1", "--latency", "0.05", "--episodes", "6", "--stack-nice", "5",
+                 "--baseline", "pool.event_loop=asyncio", "--baseline", "local.event_loop=asyncio", "--baseline-rows", "all",
                  "--json", str(out), f"rollout.output_dir={tmp_path / 'run'}", "env.task_ids=[0,1,2]", "rollout.n_samples_per_task=1"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     data = json.loads(out.read_text())
     assert data["cpu_count"] == os.cpu_count() and data["latency_s"] == 0.05
     assert "stack at niceness 5" in printed
-    (row,) = data["rows"]
+    ref, row = data["rows"]
+    # the loops as the actors and the servers report them, not as configured
+    assert (ref["label"], ref["event_loop"], ref["stack_event_loop"]) == ("reference", "asyncio", "asyncio")
+    assert (row["label"], row["event_loop"], row["stack_event_loop"]) == ("", "uvloop", "uvloop")
+    assert ref["statuses"] == {"completed": 6} and ref["stack_niceness"] == [5]
+    # rows side by side are no CPU reference: the CPU target stays against the figure before issue 8
+    assert data["reference_cpu_s_per_episode"] == data["today_cpu_s_per_episode"] and data["reference_how"].startswith("before issue 8")
+    assert "asyncio/asyncio" in printed and "uvloop/uvloop" in printed
+    side = printed.split("main / reference, measured side by side in this run:")[1]
+    assert f"2x1: episodes/s x{row['episodes_per_s'] / ref['episodes_per_s']:.2f}" in side
     assert row["stack_niceness"] == [5]  # servers and router, as they report it
     assert isinstance(row["actor_niceness"], int)  # as the actor process reports it (Ray's default is 15)
     for key in ("concurrency", "actors", "episodes", "episodes_per_s", "ideal_episodes_per_s", "ratio", "calls_per_episode",

@@ -31,6 +31,8 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
         for info in pool.worker_infos():
             tuning = info["process_tuning"]
             assert tuning["frozen"] > 50_000 and tuning["switch_interval_s"] == pytest.approx(0.001), tuning
+        # and their coroutines run on uvloop (pool.event_loop's default), as each actor reports it
+        assert [lag["event_loop"] for lag in pool.loop_lags()] == ["uvloop", "uvloop"]
         # the same tasks can be submitted again: new group ids
         again = pool.submit_tasks(ids[:1], n_samples_per_task=1)
         (res,) = list(pool.results())
@@ -45,6 +47,18 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
     batch = Batch.from_samples([s for g in groups for s in g])
     assert batch.tokens.shape[0] == 12 and float(batch.rewards.mean()) == 1.0
     assert int(batch.loss_mask.sum()) == sum(sum(s.loss_mask) for g in groups for s in g)
+
+
+def test_pool_event_loop_asyncio_gives_the_actors_asyncio_s_own_loop(ray_cluster, retail_stack, retail):
+    from rollout.pool import RolloutPool
+
+    ids = retail.task_ids("base")[:2]
+    with RolloutPool(_cfg(retail_stack.router_url, "pool.event_loop=asyncio", "rollout.n_samples_per_task=1")) as pool:
+        assert [lag["event_loop"] for lag in pool.loop_lags()] == ["asyncio", "asyncio"]
+        pool.submit_tasks(ids)
+        results = list(pool.results())
+    assert [r.status for r in results] == [EpisodeStatus.COMPLETED] * 2
+    assert all(r.reward == 1.0 for r in results)
 
 
 def test_actor_death_retries_and_still_delivers_each_episode_once(ray_cluster, retail_stack, retail):

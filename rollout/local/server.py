@@ -118,6 +118,7 @@ from typing import Any
 from aiohttp import web
 
 from rollout import fastjson
+from rollout.eventloop import EVENT_LOOPS, check_event_loop, loop_kind, new_event_loop
 from rollout.local.backend_api import GenerationBackend, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -870,6 +871,7 @@ class LocalSGLangServer:
             "weight_version": self.weight_version,
             "weights_path": self.weights_path,
             "pause_mode": self.pause_mode,
+            "event_loop": loop_kind(asyncio.get_running_loop()),
             "num_backend_steps": self.num_backend_steps,
             "num_inflight_requests": len(states),
             "num_held_requests": sum(1 for s in states if not s.admitted and not s.aborted),
@@ -1058,6 +1060,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="require the admin key held by this environment variable on admin endpoints (SGLang's --admin-api-key)")
     p.add_argument("--generate-latency-s", type=float, default=0.0, metavar="S",
                    help="seconds every /generate waits (asyncio sleep, no thread or step lock held) before generating")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
+                   help="uvloop (C, the default) or asyncio (the standard library's selector loop); see rollout.eventloop")
     p.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the parent) is gone")
     p.add_argument("--pdeathsig", action="store_true",
                    help="Linux: SIGTERM when the parent thread exits (prctl PR_SET_PDEATHSIG)")
@@ -1084,6 +1088,9 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     if args.generate_latency_s < 0:
         raise SystemExit(f"rollout.local.server: --generate-latency-s must be >= 0, got {args.generate_latency_s}")
+    why = check_event_loop(args.event_loop, "--event-loop")
+    if why:
+        raise SystemExit(f"rollout.local.server: {why}")
     if args.pdeathsig or args.parent_pid is not None:
         from rollout.local.stack import share_fate
 
@@ -1118,13 +1125,14 @@ def main(argv: list[str] | None = None) -> None:
                     f"; admin key from ${args.admin_api_key_env}" if admin_api_key else "")
 
     def announce(msg: str) -> None:
-        print(f"rollout.local.server backend={backend.name} listening on http://{args.host}:{args.port}", flush=True)
+        kind = loop_kind(asyncio.get_running_loop())
+        print(f"rollout.local.server backend={backend.name} loop={kind} listening on http://{args.host}:{args.port}", flush=True)
 
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # generation thread. In-flight requests are aborted on SIGTERM (on_shutdown), so a short
     # shutdown_timeout suffices.
     web.run_app(app, host=args.host, port=args.port, print=announce, handler_cancellation=True,
-                shutdown_timeout=5.0, access_log=logging.getLogger("aiohttp.access"))
+                shutdown_timeout=5.0, access_log=logging.getLogger("aiohttp.access"), loop=new_event_loop(args.event_loop))
 
 
 if __name__ == "__main__":

@@ -253,7 +253,8 @@ class LocalStack:
     Args:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
-            ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``tiny``
+            ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``event_loop``
+            as ``--event-loop``, ``tiny``
             model config).
         domain: tau2 domain the gold-replay servers index (a registry name: ``retail``, ``airline``, ``telecom``, ...).
         tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
@@ -422,6 +423,7 @@ class LocalStack:
                 "--tokenizer", self.tokenizer, "--tiny-config", tiny_json,
                 "--weight-version", str(local.weight_version),
                 "--generate-latency-s", repr(float(local.generate_latency_s)),
+                "--event-loop", local.event_loop,
                 *key_args, *self._fate_args(),
             ]
             self._servers.append(self._spawn(f"server-{i}", cmd))
