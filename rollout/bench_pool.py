@@ -44,6 +44,10 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
   p50 is the median over actors, p99 the worst actor's.
 * ``floor p99``: the p99 lag of the same 10 ms probe in an idle process on this machine over
   the window (:class:`FloorProbe`): what the machine alone gives, under the actors' figure.
+* ``loop cpu/wait``: the actors' event-loop threads, mean over actors (Linux; from the
+  kernel's ``schedstat``): seconds on a CPU per second of the window, and seconds runnable but
+  waiting for a CPU that other threads or processes held. A wait well above the CPU share says
+  the lag is the machine's load; a CPU share near 1 says the loop itself is saturated.
 * ``--stack-nice N``: the local stack (servers and router) runs at niceness N; by default at the
   actors' own. Ray starts its workers, the actors among them, at niceness 15
   (``RAY_worker_niceness``), while processes started otherwise run at 0. On a cluster the SGLang
@@ -294,7 +298,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         ``raw`` plus ``episodes_per_s``, ``call_s``, ``ideal_call_s``, ``ideal_basis``,
         ``ideal_episodes_per_s``, ``ratio``, ``actor_cpu_s_per_episode``, ``actor_cores_max``,
         ``stack_cores``, ``driver_cores``, ``cpu_bound``, ``loop_lag_p50_ms``,
-        ``loop_lag_p99_ms``, ``floor_lag_p99_ms``, ``rss_mib_per_actor`` (None where unknown).
+        ``loop_lag_p99_ms``, ``floor_lag_p99_ms``, ``loop_cpu_share``, ``loop_wait_share`` (means over
+        actors), ``rss_mib_per_actor`` (None where unknown).
     """
     r = dict(raw)
     w_s = r["window_s"]
@@ -325,6 +330,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     r["loop_lag_p50_ms"] = statistics.median(x["p50_ms"] for x in lags) if lags else None
     r["loop_lag_p99_ms"] = max(x["p99_ms"] for x in lags) if lags else None
     r["floor_lag_p99_ms"] = (r.get("floor_lag") or {}).get("p99_ms")
+    for key in ("loop_cpu_share", "loop_wait_share"):
+        shares = [x[key] for x in lags if x.get(key) is not None]
+        r[key] = statistics.fmean(shares) if shares else None
     rss = r["rss_peak_bytes"]
     r["rss_mib_per_actor"] = max(rss) / MIB if rss else None
     return r
@@ -575,7 +583,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The table ``python -m rollout.bench pool`` prints (one line per row, see the module docstring)."""
     head = (f"{'row':<9} {'conc':>5} {'actors':>6} {'eps':>5} {'window':>6} {'eps/s':>7} {'ideal':>7} {'ratio':>6} "
             f"{'calls/ep':>8} {'call s':>7} {'ep s':>7} {'CPU s/ep':>8} {'actor cores':>11} {'machine busy':>12} "
-            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'RSS MiB/actor':>13} {'CPU-bound':>9} "
+            f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'loop cpu/wait':>13} "
+            f"{'RSS MiB/actor':>13} {'CPU-bound':>9} "
             f"{'loop actors/stack':>17}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -586,7 +595,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{_f(r['actor_cpu_s_per_episode'], '.3f'):>8} {_f(r['actor_cores_max'], '.2f'):>11} "
             f"{_f(r['machine_busy_fraction'], '.0%'):>12} {_f(r['stack_cores'], '.2f'):>11} "
             f"{_f(r['loop_lag_p50_ms'], '.1f'):>10} {_f(r['loop_lag_p99_ms'], '.1f'):>10} "
-            f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} {_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9} "
+            f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} "
+            f"{_f(r.get('loop_cpu_share'), '.2f') + '/' + _f(r.get('loop_wait_share'), '.2f'):>13} "
+            f"{_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9} "
             f"{(r.get('event_loop') or '-') + '/' + (r.get('stack_event_loop') or '-'):>17}")
     return "\n".join(lines)
 
@@ -868,7 +879,8 @@ def main_pool(args) -> int:
         print(side)
     print("columns: eps/s and every figure over the window when all slots were busy (see --help); CPU s/ep = actor processes "
           "+ their sandboxes, the driver and the stack excluded; actor cores = the busiest actor's own process; "
-          f"CPU-bound = actor cores or machine busy >= {CPU_BOUND_AT:.0%}; lag p50 = median over actors, p99 = worst actor; floor p99 = an idle process on this machine")
+          f"CPU-bound = actor cores or machine busy >= {CPU_BOUND_AT:.0%}; lag p50 = median over actors, p99 = worst actor; floor p99 = an idle process on this machine; "
+          "loop cpu/wait = the actors' loop threads: seconds on a CPU / waiting for one, per second")
     if args.json:
         write()
         print(f"json: {args.json}")

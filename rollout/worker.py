@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -56,6 +58,11 @@ class LoopLagProbe:
     call on the loop, CPU-bound callbacks, a worker thread holding the GIL) shows up as lag. The
     floor is about 1 ms: the selector's timeout has millisecond resolution.
 
+    On Linux it also reads the loop thread's scheduler statistics (``/proc/self/task/<tid>/
+    schedstat``: nanoseconds on a CPU, nanoseconds runnable but waiting for one), so
+    :meth:`stats` can tell the loop's own CPU time from time lost waiting for a core that other
+    threads or processes hold.
+
     Args:
         interval_s: the probe's sleep, seconds (> 0).
         max_samples: samples kept; the oldest are dropped beyond it (about 17 minutes at 10 ms).
@@ -70,6 +77,8 @@ class LoopLagProbe:
         self.interval_s = float(interval_s)
         self._samples: collections.deque[float] = collections.deque(maxlen=max_samples)
         self._task: asyncio.Task | None = None
+        self._tid: int | None = None  # the loop thread's native id, once the probe runs
+        self._sched0: tuple[float, float, float] | None = None  # (monotonic s, on-CPU s, waiting s) at start / reset
 
     @property
     def running(self) -> bool:
@@ -87,6 +96,8 @@ class LoopLagProbe:
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
+        self._tid = threading.get_native_id()
+        self._sched0 = self._sched_now()
         while True:
             t0 = loop.time()
             await asyncio.sleep(self.interval_s)
@@ -99,12 +110,24 @@ class LoopLagProbe:
             reset: forget the samples after reading them (the next call covers what follows).
 
         Returns:
-            ``{"samples": int, "interval_ms": float, "p50_ms", "p99_ms", "max_ms", "mean_ms"}``,
-            milliseconds (nearest-rank percentiles); the four figures are None without samples.
+            ``{"samples": int, "interval_ms": float, "p50_ms", "p99_ms", "max_ms", "mean_ms",
+            "loop_cpu_share", "loop_wait_share"}``: milliseconds (nearest-rank percentiles; the
+            four figures are None without samples), then the loop thread's seconds on a CPU and
+            seconds runnable but waiting for a CPU, each per second of the same span (None where
+            the kernel does not say: not Linux, or no ``schedstat``). A wait share that is large
+            next to the CPU share means the lag comes from a busy machine, not from the loop's
+            own work.
         """
         data = sorted(self._samples)
+        now = self._sched_now()
+        cpu_share = wait_share = None
+        if now is not None and self._sched0 is not None and now[0] > self._sched0[0]:
+            span = now[0] - self._sched0[0]
+            cpu_share = round((now[1] - self._sched0[1]) / span, 4)
+            wait_share = round((now[2] - self._sched0[2]) / span, 4)
         if reset:
             self._samples.clear()
+            self._sched0 = now
         n = len(data)
 
         def pct(q: float) -> float | None:
@@ -120,7 +143,21 @@ class LoopLagProbe:
             "p99_ms": pct(0.99),
             "max_ms": round(1e3 * data[-1], 3) if n else None,
             "mean_ms": round(1e3 * sum(data) / n, 3) if n else None,
+            "loop_cpu_share": cpu_share,
+            "loop_wait_share": wait_share,
         }
+
+    def _sched_now(self) -> tuple[float, float, float] | None:
+        """``(time.monotonic(), seconds on a CPU, seconds waiting for one)`` of the loop thread,
+        or None (the probe has not run yet, or no ``schedstat``)."""
+        if self._tid is None:
+            return None
+        try:
+            with open(f"/proc/self/task/{self._tid}/schedstat") as f:
+                on_cpu_ns, waiting_ns, _ = f.read().split()
+        except (OSError, ValueError):
+            return None
+        return time.monotonic(), int(on_cpu_ns) / 1e9, int(waiting_ns) / 1e9
 
     def stop(self) -> None:
         """Cancel the probe coroutine (idempotent); the samples are kept."""

@@ -134,6 +134,53 @@ async def test_loop_lag_probe_sees_a_blocked_loop():
     assert not worker.lag_probe.running
 
 
+@pytest.mark.skipif(not os.path.exists(f"/proc/self/task/{os.getpid()}/schedstat"), reason="needs Linux schedstat")
+async def test_loop_lag_probe_tells_the_loop_s_own_cpu_from_waiting_for_a_core():
+    import subprocess
+
+    from rollout.worker import LoopLagProbe
+
+    def spin(seconds: float) -> None:  # busy on the loop, never letting it run
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    probe = LoopLagProbe(interval_s=0.005)
+    probe.start()
+    await asyncio.sleep(0.05)
+    probe.stats(reset=True)
+    time.sleep(0.4)  # blocked, but not on a CPU: neither share grows
+    await asyncio.sleep(0.02)
+    asleep = probe.stats(reset=True)
+    assert asleep["loop_cpu_share"] < 0.2 and asleep["loop_wait_share"] < 0.2, asleep
+    # the loop thread alone on one core, spinning: the CPU share is large
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # this thread (the loop's) only
+    hogs: list[subprocess.Popen] = []
+    try:
+        spin(0.5)
+        await asyncio.sleep(0.02)
+        busy = probe.stats(reset=True)
+        # and with two processes spinning on the same core it mostly waits for it
+        hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+                for _ in range(2)]
+        time.sleep(0.3)  # their start-up
+        probe.stats(reset=True)
+        spin(1.0)
+        await asyncio.sleep(0.02)
+        shared = probe.stats(reset=True)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        os.sched_setaffinity(0, allowed)
+        probe.stop()
+    assert busy["loop_cpu_share"] > 0.25, busy  # ~1 alone; a loaded machine takes some of it
+    # fair shares with two spinning processes: ~1/3 on the CPU, ~2/3 waiting for it
+    assert shared["loop_wait_share"] > 0.3 and shared["loop_wait_share"] > shared["loop_cpu_share"], shared
+
+
 def test_loop_lag_percentiles_are_nearest_rank():
     from rollout.worker import LoopLagProbe
 
@@ -324,5 +371,8 @@ def test_bench_pool_end_to_end(ray_cluster, tmp_path, capsys):
     assert row["ideal_episodes_per_s"] == pytest.approx(2 / (row["calls_per_episode"] * 0.05))
     assert row["actor_cpu_s_per_episode"] > 0 and row["rss_mib_per_actor"] > 100
     assert row["loop_lags"][0]["samples"] > 0
+    assert "loop cpu/wait" in printed
+    if os.path.exists(f"/proc/self/task/{os.getpid()}/schedstat"):  # Linux: the actor's loop thread, from the kernel
+        assert 0 < row["loop_cpu_share"] < 1.5 and row["loop_wait_share"] >= 0, row
     assert row["floor_lag"]["samples"] > 0 and row["floor_lag_p99_ms"] is not None and "floor p99" in printed
     assert "os.cpu_count() = " in printed and "injected latency 0.05 s" in printed and "targets (issue 8)" in printed
