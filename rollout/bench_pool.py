@@ -68,11 +68,12 @@ for tau2's own environment and reward path; that is the default when the config 
 ``--baseline none`` skips it); otherwise the figure measured before issue 8
 (:data:`TODAY_CPU_S_PER_EPISODE`).
 
-**Side by side.** ``--baseline-rows all`` measures a reference row beside every main row (same
-concurrency and actors) and prints main / reference for episodes/s, CPU per episode and the lag;
-the CPU target then stays against the figure from before issue 8.
-A baseline that changes ``local.*`` (not ``local.enabled``) runs the reference rows first, on a
-local stack of their own. For example, the event loops (:mod:`rollout.eventloop`)::
+**Side by side.** ``--baseline-rows all`` measures a reference row right before every main row
+(same concurrency and actors) and prints main / reference for episodes/s, CPU per episode and
+the lag; the CPU target then stays against the figure from before issue 8. A baseline that
+changes ``local.*`` (not ``local.enabled``) runs each reference row on a local stack of its own,
+started for it (and the main stack again after). For example, the event loops
+(:mod:`rollout.eventloop`)::
 
     python -m rollout.bench pool --concurrency 1024 --actors 2 --latency 1.0 \
         --baseline pool.event_loop=asyncio --baseline local.event_loop=asyncio --baseline-rows all
@@ -808,12 +809,11 @@ def main_pool(args) -> int:
 
     plan = [(c, a, "") for c in concurrencies for a in actor_counts]
     if ref_cfg is not None:
-        # the reference rows first: before each main row (all), or once at the smallest concurrency
-        # with one actor (first); on a stack of their own when the baseline changes local.*
+        # a reference row right before each main row (all: measured as close in time as they can
+        # be, on a machine whose load drifts), or once first at the smallest concurrency with one
+        # actor; on a stack of their own when the baseline changes local.* (restarted per row)
         if args.baseline_rows == "all":
             plan = [row for c, a, _ in plan for row in ((c, a, "reference"), (c, a, ""))]
-            if ref_cfg.local != cfg.local:
-                plan.sort(key=lambda row: not row[2])
         else:
             plan.insert(0, (min(concurrencies), 1, "reference"))
     stack_cfg: Config | None = None  # the config the running stack was started for
