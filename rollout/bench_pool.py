@@ -706,7 +706,7 @@ def add_parser(sub) -> None:
                         "when the config has that key; 'none': no reference row)")
     p.add_argument("--baseline-rows", choices=("first", "all"), default="first",
                    help="first: one reference row (the smallest concurrency, one actor: the reference CPU per episode); "
-                        "all: a reference row beside every main row, and their ratios printed side by side")
+                        "all: a reference row right before every main row, and their ratios printed side by side")
     p.add_argument("--stack-nice", type=int, default=None, metavar="N",
                    help="run the local stack's servers and router at this niceness (0-19; default: the actors' own, which "
                         "Ray sets to 15), so that the stand-in for GPU servers does not outrank the actors (see --help)")

@@ -73,7 +73,14 @@ def _wait(cond, timeout_s: float = 120.0, what: str = "") -> None:
 def _max_logprob_diff(results, models, temperature: float, limit: int = 4) -> tuple[float, float, int]:
     """Over up to ``limit`` episodes sampled by two versions: the largest |rollout - recomputed|
     log-prob with each token recomputed under the weights that sampled it, the smallest such
-    difference under the *other* version's weights (the check's power), and the tokens checked."""
+    difference under the *other* version's weights (the check's power), and the tokens checked.
+
+    The power is taken over spans of two tokens or more. A pause often cuts a turn after its first
+    token, and the two versions of the tiny model can give one token log-probs closer than
+    1e-3 (one CI run: 4.9e-4 on a single-token span; 0.06-0.53 on the other single-token spans
+    and 0.40-0.60 on the 22-23-token ones, over two local runs), so one token says little about
+    the check's power. Every span, one token or more, is still held to the exactness bound.
+    """
     worst, contrast, n = 0.0, float("inf"), 0
     two = [r for r in results if r.trajectory is not None and len({v for (a, b), v in zip(r.trajectory.generation_spans, r.trajectory.weight_versions) if b > a}) > 1]
     for r in two[:limit]:
@@ -87,7 +94,7 @@ def _max_logprob_diff(results, models, temperature: float, limit: int = 4) -> tu
             rec = recompute_masked_log_probs(models(v), t.tokens, pos, temperature)
             worst = max(worst, max(abs(x - t.rollout_log_probs[i]) for x, i in zip(rec, range(a, b))))
             (other,) = versions - {v} if len(versions) == 2 else (None,)
-            if other is not None:
+            if other is not None and b - a >= 2:
                 rec2 = recompute_masked_log_probs(models(other), t.tokens, pos, temperature)
                 contrast = min(contrast, max(abs(x - t.rollout_log_probs[i]) for x, i in zip(rec2, range(a, b))))
             n += b - a
@@ -157,7 +164,9 @@ def test_pause_resume_and_update_with_64_episodes_in_flight(ray_cluster, tiny_st
     worst, contrast, n = _max_logprob_diff(results, models, cfg.policy.sampling.temperature)
     if mode == "continue":
         assert n > 0, "no continued turn holds tokens of both versions"
-        assert contrast > 1e-3  # >= 10x the bound on `worst`: the other version's weights would not match, the check has power
+        # >= 10x the bound on `worst`: the other version's weights would not match, the check has
+        # power (finite: at least one span of two tokens or more was contrasted)
+        assert 1e-3 < contrast < float("inf")
     assert worst <= 1e-4
 
 
