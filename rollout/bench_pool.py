@@ -97,11 +97,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from rollout.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from rollout.local.stack import LocalStack
 
 logger = logging.getLogger(__name__)
 
@@ -470,27 +473,11 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
     return summarize(raw)
 
 
-def server_event_loops(urls: list[str], api_key_env: str | None = None, timeout_s: float = 10.0) -> str:
-    """The event loops the local servers at ``urls`` report (``event_loop`` of
-    ``GET /get_server_info``), sorted and joined by ``/``: ``"uvloop"`` when all run uvloop;
-    ``"?"`` for a server that does not say.
-
-    Raises:
-        OSError: a server did not answer within ``timeout_s`` seconds.
-    """
-    import urllib.request
-
-    from rollout.policy import api_key_from_env
-
-    key = api_key_from_env(api_key_env)
-    kinds = set()
-    for url in urls:
-        req = urllib.request.Request(url.rstrip("/") + "/get_server_info")
-        if key:
-            req.add_header("Authorization", f"Bearer {key}")
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            kinds.add(json.loads(resp.read()).get("event_loop") or "?")
-    return "/".join(sorted(kinds))
+def stack_event_loops(stack: LocalStack) -> str:
+    """The event loops a :class:`rollout.local.stack.LocalStack`'s servers report
+    (:meth:`~rollout.local.stack.LocalStack.server_infos`), sorted and joined by ``/``:
+    ``"uvloop"`` when all run uvloop; ``"?"`` for a server that does not say."""
+    return "/".join(sorted({info.get("event_loop") or "?" for info in stack.server_infos()}))
 
 
 # --------------------------------------------------------------------------- the machine's floor
@@ -816,39 +803,33 @@ def main_pool(args) -> int:
             plan = [row for c, a, _ in plan for row in ((c, a, "reference"), (c, a, ""))]
         else:
             plan.insert(0, (min(concurrencies), 1, "reference"))
-    stack_cfg: Config | None = None  # the config the running stack was started for
+    stack_local = None  # the local section the running stack was started with
     stack_loop: str | None = None  # the event loop its servers report
-    ref_measured = False
     try:
         for k, (c, a, label) in enumerate(plan, 1):
             row_cfg = ref_cfg if label else cfg
             assert row_cfg is not None
-            if row_cfg.local.enabled and (stack_cfg is None or stack_cfg.local != row_cfg.local):
-                from rollout.local.stack import LocalStack
-
-                if stack is not None:
-                    stack.stop(remove_logs=False)
-                    stack = None
-                stack = LocalStack(row_cfg.local, domain, row_cfg.policy.tokenizer,
-                                   log_dir=Path(row_cfg.rollout.output_dir) / "bench_stack_logs",
-                                   api_key_env=row_cfg.policy.api_key_env).start()
-                stack_cfg = row_cfg
-                stack_loop = server_event_loops(stack.worker_urls, row_cfg.policy.api_key_env)
-            run_cfg = row_cfg
+            run_cfg, row_latency, stack_pids = row_cfg, None, []
             if row_cfg.local.enabled:
-                assert stack is not None
+                if stack is None or stack_local != row_cfg.local:
+                    from rollout.local.stack import LocalStack
+
+                    if stack is not None:
+                        stack.stop(remove_logs=False)
+                    stack = LocalStack(row_cfg.local, domain, row_cfg.policy.tokenizer,
+                                       log_dir=Path(row_cfg.rollout.output_dir) / "bench_stack_logs",
+                                       api_key_env=row_cfg.policy.api_key_env).start()
+                    stack_local, stack_loop = row_cfg.local, stack_event_loops(stack)
                 run_cfg = resolve_endpoints(row_cfg, stack.router_url)
                 run_cfg = dataclasses.replace(run_cfg, local=dataclasses.replace(run_cfg.local, enabled=False))
-            stack_pids = stack.pids() if stack is not None else []
+                row_latency, stack_pids = row_cfg.local.generate_latency_s, stack.pids()
             n = args.episodes or 3 * c
             what = f"{label} row ({' '.join(baseline)})" if label else "row"
             print(f"[{k}/{len(plan)}] {what}: {c} concurrent episodes on {a} actor(s), {n} episodes ...", file=sys.stderr, flush=True)
-            row_latency = row_cfg.local.generate_latency_s if row_cfg.local.enabled else None
             row = measure_row(run_cfg, c, a, n, row_latency, stack_pids, label=label, stack_nice=args.stack_nice,
-                              stack_event_loop=stack_loop if row_cfg.local.enabled else None)
-            if label and args.baseline_rows == "first":  # the reference CPU per episode (with "all": side by side only)
-                if row["actor_cpu_s_per_episode"] is not None and not ref_measured:
-                    ref_measured = True
+                              stack_event_loop=stack_loop)
+            if label and args.baseline_rows == "first":  # the one reference row gives the reference CPU per episode
+                if row["actor_cpu_s_per_episode"] is not None:
                     reference_cpu = row["actor_cpu_s_per_episode"]
                     reference_how = f"measured in this run: {c} concurrent, {a} actor(s), {' '.join(baseline)}"
             rows.append(row)

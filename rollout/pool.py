@@ -271,8 +271,8 @@ class RolloutPool:
         except Exception:  # older Ray: no head-loss detection
             self._gcs_address = None
         try:
-            infos = ray.get([a.info.remote() for a in self.actors])
-            loops = ray.get([a.event_loop.remote() for a in self.actors])
+            answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors])
+            infos, loops = answers[:len(self.actors)], answers[len(self.actors):]
         except RayActorError as e:
             raise RuntimeError(f"a rollout actor failed to start: {e}") from None
         wrong = [(i["pid"], k) for i, k in zip(infos, loops) if k != p.event_loop]

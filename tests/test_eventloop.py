@@ -75,14 +75,14 @@ def _server_info(url: str) -> dict:
 def test_the_local_servers_run_the_configured_loop_and_serve(retail_stack, tmp_path_factory):
     from conftest import _stack
 
-    from rollout.bench_pool import server_event_loops
+    from rollout.bench_pool import stack_event_loops
 
     # the session stack: the default, uvloop
     assert [_server_info(u)["event_loop"] for u in retail_stack.worker_urls] == ["uvloop"]
-    assert server_event_loops(retail_stack.worker_urls) == "uvloop"
+    assert stack_event_loops(retail_stack) == "uvloop"
     stack = _stack("gold_replay", "retail", tmp_path_factory, event_loop="asyncio")
     try:
-        assert server_event_loops(stack.worker_urls) == "asyncio"
+        assert stack_event_loops(stack) == "asyncio"
         log = (stack.log_dir / "server-0.log").read_text()
         assert "loop=asyncio listening on" in log
         # and it serves as the uvloop one does (its scripted user simulator's answer)

@@ -318,6 +318,22 @@ class LocalStack:
         """Whether the servers and the router were started requiring the key."""
         return self._api_key is not None
 
+    def server_infos(self, timeout_s: float = 10.0) -> list[dict]:
+        """Each test server's ``GET /get_server_info`` answer (its backend, weight version,
+        ``event_loop``...), in start order, with the stack's API key if it has one.
+
+        Raises:
+            RuntimeError: a server answered with a status other than 200.
+            OSError: a server did not answer within ``timeout_s`` seconds.
+        """
+        out = []
+        for url in self._worker_urls:
+            status, body = _http("GET", url + "/get_server_info", timeout=timeout_s, api_key=self._api_key)
+            if status != 200:
+                raise RuntimeError(f"{url}/get_server_info answered {status}")
+            out.append(json.loads(body))
+        return out
+
     def pids(self) -> list[int]:
         """Pids of every process the stack started (servers, router wrappers, including ones
         that have exited since) and of their live descendants (the router process under each
