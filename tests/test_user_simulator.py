@@ -371,3 +371,31 @@ async def test_guidelines_are_read_once_per_process_and_never_on_the_event_loop(
         assert system["role"] == "system" and guidelines in system["content"]
         assert str(task.user_scenario) in system["content"]
     assert srv.requests[0]["messages"][0] == users[0].history[0]  # what the endpoint got
+
+
+async def test_a_slow_first_import_is_not_held_to_the_per_call_timeout(task, key, monkeypatch):
+    """The first call of a process imports litellm (measured over 5 s on a loaded CI runner); that
+    one-time load has its own bound (LOAD_TIMEOUT_S), so a tight ``timeout_s`` does not fail it,
+    while a load that hangs past the load bound is still a typed UserSimulatorError."""
+    import rollout.env.user as user_mod
+
+    real = user_mod._import_litellm
+    delay = {"s": 0.8}
+
+    def slow_import():
+        time.sleep(delay["s"])
+        return real()
+
+    monkeypatch.setattr(user_mod, "_LITELLM", None)  # as in a fresh process
+    monkeypatch.setattr(user_mod, "_import_litellm", slow_import)
+    async with FakeOpenAI() as srv:
+        user = LLMUser(task, _cfg(srv.url, timeout_s=0.3))
+        assert (await user.start()).startswith("user reply")  # a 0.8 s load under a 0.3 s per-call timeout
+
+        monkeypatch.setattr(user_mod, "_LITELLM", None)
+        monkeypatch.setattr(user_mod, "LOAD_TIMEOUT_S", 0.5)
+        delay["s"] = 3.0
+        t0 = time.monotonic()
+        with pytest.raises(UserSimulatorError, match=r"litellm took over 0.5s"):
+            await LLMUser(task, _cfg(srv.url, timeout_s=0.3)).start()
+        assert time.monotonic() - t0 < 2.5  # cut at the load bound, not waited out

@@ -244,6 +244,12 @@ def user_prompt_parts(use_tools: bool = False) -> tuple[str, str]:
 
 
 _LITELLM: Any = None  # the module once fully imported (another thread may be importing it)
+
+#: Bound, in seconds, on the one-time loads before a process's first user-simulator call (tau2's
+#: guidelines file and ``import litellm``). It is not ``env.user.timeout_s``, which bounds one
+#: call: the import takes about 2 s on an idle machine and was measured at over 5 s on a loaded
+#: 2-core CI runner, so a tight per-call timeout must not fail the first episode of every process.
+LOAD_TIMEOUT_S = 60.0
 _MCP_MISSING = importlib.util.find_spec("mcp") is None  # see LLMUser._call_once
 
 
@@ -445,7 +451,8 @@ class LLMUser:
 
     Nothing here blocks the event loop: the constructor reads no file, and the system prompt
     (tau2's guidelines, read once per process by :func:`user_prompt_parts`) and the first import
-    of litellm are done in a thread, bounded by ``cfg.timeout_s``, before the first call.
+    of litellm are done in a thread before the first call, bounded by the larger of
+    ``cfg.timeout_s`` and :data:`LOAD_TIMEOUT_S` (a one-time load is not a call).
 
     Dual control (:meth:`bind_tools`): the user's tools are offered in every call (OpenAI tool
     calling); the tool calls an answer makes are run through :attr:`UserTools.call` (in the user's
@@ -484,7 +491,7 @@ class LLMUser:
 
         Raises:
             UserSimulatorError: reading tau2's guidelines or importing litellm failed or took over
-                ``cfg.timeout_s``.
+                ``max(cfg.timeout_s, LOAD_TIMEOUT_S)`` seconds.
         """
         if self.history and _LITELLM is not None:
             return
@@ -494,10 +501,11 @@ class LLMUser:
             _import_litellm()
             return template.format(global_user_sim_guidelines=guidelines, instructions=self._instructions)
 
+        bound = max(self.cfg.timeout_s, LOAD_TIMEOUT_S)
         try:
-            system = await asyncio.wait_for(asyncio.to_thread(load), self.cfg.timeout_s)
+            system = await asyncio.wait_for(asyncio.to_thread(load), bound)
         except asyncio.TimeoutError:
-            raise UserSimulatorError(f"loading tau2's user-simulator prompt and litellm took over {self.cfg.timeout_s:g}s") from None
+            raise UserSimulatorError(f"loading tau2's user-simulator prompt and litellm took over {bound:g}s") from None
         except Exception as e:
             raise UserSimulatorError(f"cannot load tau2's user-simulator prompt or litellm: {_one_line(repr(e))}") from None
         if not self.history:
@@ -705,7 +713,7 @@ async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None
 async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, why: str) -> None:
     """A one-token chat completion; raises UserSimulatorError (one line) when it fails."""
     try:
-        litellm = await _litellm_off_loop(max(timeout_s, 60.0))
+        litellm = await _litellm_off_loop(max(timeout_s, LOAD_TIMEOUT_S))
     except asyncio.TimeoutError:
         raise UserSimulatorError("importing litellm took over a minute") from None
     try:
