@@ -61,6 +61,38 @@ def test_pool_event_loop_asyncio_gives_the_actors_asyncio_s_own_loop(ray_cluster
     assert all(r.reward == 1.0 for r in results)
 
 
+def test_actors_on_another_loop_than_configured_fail_the_start_naming_the_key(ray_cluster, retail_stack, monkeypatch):
+    """An actor whose node cannot give it uvloop gets asyncio from Ray; with pool.event_loop=uvloop
+    the start fails, naming the key and the actors' pids, and stops those actors."""
+    import os
+    import re
+    import time
+
+    import rollout.pool as pool_mod
+    from rollout.pool import RolloutPool
+
+    # what a node without uvloop amounts to: Ray builds the actors' loop with asyncio
+    monkeypatch.setattr(pool_mod, "ray_env_vars", lambda kind: {"RAY_USE_UVLOOP": "0"})
+    pool = RolloutPool(_cfg(retail_stack.router_url))
+    with pytest.raises(RuntimeError, match=r"pool.event_loop=uvloop, but rollout actors .* run another loop") as err:
+        pool.start()
+    assert "pool.event_loop=asyncio" in str(err.value)  # the way out
+    pids = [int(p) for p in re.findall(r"\((\d+), 'asyncio'\)", str(err.value))]
+    assert len(pids) == 2 and pool.actors == []
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), "the actors of a refused start must be stopped"
+
+
 def test_actor_death_retries_and_still_delivers_each_episode_once(ray_cluster, retail_stack, retail):
     import ray
 
