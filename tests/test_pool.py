@@ -64,9 +64,10 @@ def test_pool_event_loop_asyncio_gives_the_actors_asyncio_s_own_loop(ray_cluster
 def test_actors_on_another_loop_than_configured_fail_the_start_naming_the_key(ray_cluster, retail_stack, monkeypatch):
     """An actor whose node cannot give it uvloop gets asyncio from Ray; with pool.event_loop=uvloop
     the start fails, naming the key and the actors' pids, and stops those actors."""
-    import os
     import re
     import time
+
+    import psutil
 
     import rollout.pool as pool_mod
     from rollout.pool import RolloutPool
@@ -80,17 +81,10 @@ def test_actors_on_another_loop_than_configured_fail_the_start_naming_the_key(ra
     pids = [int(p) for p in re.findall(r"\((\d+), 'asyncio'\)", str(err.value))]
     assert len(pids) == 2 and pool.actors == []
 
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
     deadline = time.monotonic() + 30
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(map(psutil.pid_exists, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(alive(p) for p in pids), "the actors of a refused start must be stopped"
+    assert not any(map(psutil.pid_exists, pids)), "the actors of a refused start must be stopped"
 
 
 def test_actor_death_retries_and_still_delivers_each_episode_once(ray_cluster, retail_stack, retail):
