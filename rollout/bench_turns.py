@@ -41,7 +41,9 @@ the GIL. With the whole last-turn conversation (its text and ids), one thread en
 in a loop for ``--lag-seconds`` while a :class:`rollout.worker.LoopLagProbe` on the event loop
 measures how late it is woken, twice: through ``transformers`` (``tokenizer.encode`` /
 ``tokenizer.decode``) and through :class:`rollout.chat.ChatTemplate` (the Rust backend's batch
-calls, which release the GIL). The same section times the JSON encoding of that prompt's
+calls, which release the GIL). Before them it measures the floor: the same probe while the thread
+only sleeps, which is what the host alone does to the loop (on a shared machine with CPU steal it
+can reach tens of milliseconds at p99; compare the two ways only with a low floor). The same section times the JSON encoding of that prompt's
 ``/generate`` body, ``json.dumps`` against :func:`rollout.fastjson.dumps` (orjson), which the
 event loop does for every call. Both are printed side by side with their ratios. Last, the time of
 one full garbage collection (``gc.collect()``, process CPU time) with ``--gc-trajectories`` running
@@ -436,9 +438,9 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     JSON encoding of its ``/generate`` body with ``json`` and with :mod:`rollout.fastjson`.
 
     Returns:
-        ``{"tokens", "transformers": {...}, "ours": {...}, "p99_ratio", "json_stdlib_ms",
-        "json_ours_ms", "json_ratio", "json_bytes"}``: the two lag dicts of :func:`loop_lag_while`,
-        p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours; with
+        ``{"tokens", "floor": {...}, "transformers": {...}, "ours": {...}, "p99_ratio",
+        "json_stdlib_ms", "json_ours_ms", "json_ratio", "json_bytes"}``: the three lag dicts of
+        :func:`loop_lag_while` (``floor``: the thread only sleeps), p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours; with
         ``gc_trajectories`` > 0 also :func:`measure_gc`'s keys for trajectories of these ids.
     """
     from rollout import fastjson
@@ -448,6 +450,7 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     ids = chat.encode(text)
     tok = chat.tokenizer
     out: dict[str, Any] = {"tokens": len(ids)}
+    out["floor"] = loop_lag_while(lambda: time.sleep(0.01), seconds)  # the host's own noise
     out["transformers"] = loop_lag_while(
         lambda: (tok.encode(text, add_special_tokens=False), tok.decode(ids, skip_special_tokens=False)), seconds)
     out["ours"] = loop_lag_while(lambda: (chat.encode(text), chat.decode(ids)), seconds)
@@ -514,6 +517,7 @@ def format_loop(loop: dict[str, Any], releases_gil: bool) -> str:
     lines = [f"event loop while a thread encodes and decodes the last turn's {loop['tokens']} tokens "
              f"(10 ms probe; ChatTemplate {'uses the Rust batch calls' if releases_gil else 'falls back to transformers'}):",
              f"  {'way':<34} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'calls':>6}",
+             row("floor (the thread only sleeps)", loop["floor"]),
              row("transformers encode + decode", loop["transformers"]),
              row("ChatTemplate.encode + decode (ours)", loop["ours"]),
              f"  lag p99 transformers / ours: {loop['p99_ratio']}x",

@@ -33,6 +33,10 @@ def test_small_run_writes_the_json(tmp_path, capsys):
     assert all(a["tokens"] < b["tokens"] for a, b in zip(rows, rows[1:]))
     assert data["targets"] == {"ratio_last": 20.0, "growth": 1.5}
     loop = data["loop"]  # the event-loop section, with the garbage-collection timing
+    for way in ("floor", "transformers", "ours"):  # each way's lag, the floor (a sleeping thread) first
+        assert loop[way]["samples"] > 0 and loop[way]["p99_ms"] >= loop[way]["p50_ms"] >= 0, (way, loop[way])
+    assert "floor (the thread only sleeps)" in printed
+    assert loop["ours"]["calls"] > 0 and loop["transformers"]["calls"] > 0 and loop["floor"]["calls"] > 0
     assert loop["gc_trajectories"] == 512 and loop["gc_tokens"] == loop["tokens"]
     assert loop["gc_lists_ms"] > loop["gc_compact_ms"] >= 0 and "one full garbage collection with 512" in printed
 
