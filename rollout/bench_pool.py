@@ -803,15 +803,14 @@ def main_pool(args) -> int:
             plan = [row for c, a, _ in plan for row in ((c, a, "reference"), (c, a, ""))]
         else:
             plan.insert(0, (min(concurrencies), 1, "reference"))
-    stack_local = None  # the local section the running stack was started with
-    stack_loop: str | None = None  # the event loop its servers report
+    stack_loop: str | None = None  # the event loop the running stack's servers report
     try:
         for k, (c, a, label) in enumerate(plan, 1):
             row_cfg = ref_cfg if label else cfg
             assert row_cfg is not None
             run_cfg, row_latency, stack_pids = row_cfg, None, []
             if row_cfg.local.enabled:
-                if stack is None or stack_local != row_cfg.local:
+                if stack is None or stack.local != row_cfg.local:
                     from rollout.local.stack import LocalStack
 
                     if stack is not None:
@@ -819,7 +818,7 @@ def main_pool(args) -> int:
                     stack = LocalStack(row_cfg.local, domain, row_cfg.policy.tokenizer,
                                        log_dir=Path(row_cfg.rollout.output_dir) / "bench_stack_logs",
                                        api_key_env=row_cfg.policy.api_key_env).start()
-                    stack_local, stack_loop = row_cfg.local, stack_event_loops(stack)
+                    stack_loop = stack_event_loops(stack)
                 run_cfg = resolve_endpoints(row_cfg, stack.router_url)
                 run_cfg = dataclasses.replace(run_cfg, local=dataclasses.replace(run_cfg.local, enabled=False))
                 row_latency, stack_pids = row_cfg.local.generate_latency_s, stack.pids()

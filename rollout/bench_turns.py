@@ -43,9 +43,9 @@ measures how late it is woken, twice: through ``transformers`` (``tokenizer.enco
 ``tokenizer.decode``) and through :class:`rollout.chat.ChatTemplate` (the Rust backend's batch
 calls, which release the GIL). Before them it measures the floor: the same probe while the thread
 only sleeps, which is what the host alone does to the loop (on a shared machine with CPU steal it
-can reach tens of milliseconds at p99; compare the two ways only with a low floor). The same section times the JSON encoding of that prompt's
-``/generate`` body, ``json.dumps`` against :func:`rollout.fastjson.dumps` (orjson), which the
-event loop does for every call. Both are printed side by side with their ratios. Last, the time of
+can reach tens of milliseconds at p99; compare the two ways only with a low floor). The same
+section times the JSON encoding of that prompt's ``/generate`` body, ``json.dumps`` against
+:func:`rollout.fastjson.dumps` (orjson), which the event loop does for every call. Both are printed side by side with their ratios. Last, the time of
 one full garbage collection (``gc.collect()``, process CPU time) with ``--gc-trajectories`` running
 trajectories of that length alive (512: an actor's share of 1024 concurrent episodes on two),
 held as lists and held compact (:meth:`rollout.records.Trajectory.compact`, the episode loop's
@@ -440,8 +440,9 @@ def measure_loop(chat, opening: list[dict[str, Any]], steps: list[Step], seconds
     Returns:
         ``{"tokens", "floor": {...}, "transformers": {...}, "ours": {...}, "p99_ratio",
         "json_stdlib_ms", "json_ours_ms", "json_ratio", "json_bytes"}``: the three lag dicts of
-        :func:`loop_lag_while` (``floor``: the thread only sleeps), p99 transformers / ours, median CPU ms of one body encoding and stdlib / ours; with
-        ``gc_trajectories`` > 0 also :func:`measure_gc`'s keys for trajectories of these ids.
+        :func:`loop_lag_while` (``floor``: the thread only sleeps), p99 transformers / ours,
+        median CPU ms of one body encoding and stdlib / ours; with ``gc_trajectories`` > 0 also
+        :func:`measure_gc`'s keys for trajectories of these ids.
     """
     from rollout import fastjson
 

@@ -66,11 +66,6 @@ def test_uvloop_missing_here_fails_the_local_stack_s_config_naming_the_key(monke
     assert load_config(None, ["local.event_loop=asyncio"]).local.event_loop == "asyncio"
 
 
-def _server_info(url: str) -> dict:
-    with urllib.request.urlopen(url + "/get_server_info", timeout=10) as resp:
-        return json.loads(resp.read())
-
-
 @pytest.mark.slow
 def test_the_local_servers_run_the_configured_loop_and_serve(retail_stack, tmp_path_factory):
     from conftest import _stack
@@ -78,7 +73,7 @@ def test_the_local_servers_run_the_configured_loop_and_serve(retail_stack, tmp_p
     from rollout.bench_pool import stack_event_loops
 
     # the session stack: the default, uvloop
-    assert [_server_info(u)["event_loop"] for u in retail_stack.worker_urls] == ["uvloop"]
+    assert [info["event_loop"] for info in retail_stack.server_infos()] == ["uvloop"]
     assert stack_event_loops(retail_stack) == "uvloop"
     stack = _stack("gold_replay", "retail", tmp_path_factory, event_loop="asyncio")
     try:

@@ -712,10 +712,11 @@ async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None
 
 async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, why: str) -> None:
     """A one-token chat completion; raises UserSimulatorError (one line) when it fails."""
+    bound = max(timeout_s, LOAD_TIMEOUT_S)
     try:
-        litellm = await _litellm_off_loop(max(timeout_s, LOAD_TIMEOUT_S))
+        litellm = await _litellm_off_loop(bound)
     except asyncio.TimeoutError:
-        raise UserSimulatorError("importing litellm took over a minute") from None
+        raise UserSimulatorError(f"importing litellm took over {bound:g}s") from None
     try:
         await asyncio.wait_for(
             litellm.acompletion(
