@@ -193,8 +193,8 @@ def train(cfg, args) -> dict:
     """
     import torch
 
-    from rollout.cli import open_pool
     from rollout.tokenizer import load_tokenizer
+    from rollout.wiring import open_pool
 
     if not (cfg.local.enabled and cfg.local.backend == "tiny"):
         raise ValueError("train_grpo_tiny.py trains the local stack's tiny model: set local.enabled=true local.backend=tiny")

@@ -64,7 +64,7 @@ def bench_pause(cfg, episodes: int, cycles: int, model_path: str | None) -> dict
         ``{"episodes_in_flight", "idle_s": [...], "busy_s": [...], "update_cycle_s": float | None}``
         (seconds).
     """
-    from rollout.cli import open_pool
+    from rollout.wiring import open_pool
 
     out: dict = {"update_cycle_s": None}
     with open_pool(cfg, log_dir_name="bench_stack_logs") as (cfg, pool, task_ids):

@@ -2,7 +2,7 @@
 
 It runs the episodes ``python -m rollout run`` runs (the configured domain and split, the
 configured user simulator, ``rollout.n_samples_per_task`` samples per task, the task list repeated
-until ``--episodes`` are submitted) through :func:`rollout.cli.open_pool`, once per row: for each
+until ``--episodes`` are submitted) through :func:`rollout.wiring.open_pool`, once per row: for each
 ``--concurrency`` C and each ``--actors`` A, ``pool.num_actors = A`` and
 ``pool.max_concurrent_episodes = C / A`` (C concurrent episodes in all)::
 
@@ -373,7 +373,7 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
                 stack_event_loop: str | None = None) -> dict[str, Any]:
     """Run one row: ``episodes`` episodes with ``actors`` actors and ``concurrency`` episodes in
     flight in all (``concurrency`` must be a multiple of ``actors``), through
-    :func:`rollout.cli.open_pool` with ``cfg`` (its router resolved); returns :func:`summarize`'s
+    :func:`rollout.wiring.open_pool` with ``cfg`` (its router resolved); returns :func:`summarize`'s
     row.
 
     Args:
@@ -388,7 +388,7 @@ def measure_row(cfg: Config, concurrency: int, actors: int, episodes: int, laten
         ValueError: ``episodes <= concurrency`` or ``concurrency`` not a multiple of ``actors``.
         RuntimeError: an actor failed to start.
     """
-    from rollout.cli import open_pool
+    from rollout.wiring import open_pool
 
     if concurrency % actors:
         raise ValueError(f"concurrency {concurrency} is not a multiple of {actors} actors")
@@ -719,7 +719,7 @@ def main_pool(args) -> int:
     Returns:
         0 when every row ran, 2 on a bad option or config, 1 when a row failed.
     """
-    from rollout.cli import resolve_endpoints
+    from rollout.wiring import resolve_endpoints
     from rollout.worker import setup_logging
 
     try:

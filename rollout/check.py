@@ -225,8 +225,8 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
     Raises:
         ConfigError: no way to get the policy's weights.
     """
-    from rollout.cli import resolve_endpoints
     from rollout.tokenizer import load_tokenizer
+    from rollout.wiring import resolve_endpoints
 
     # The weights first: a missing model (or torch) fails before minutes of episodes, not after.
     tokenizer = load_tokenizer(cfg.policy.tokenizer)

@@ -16,14 +16,12 @@ SIGINT / SIGTERM stopped it (the summary says ``interrupted``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import logging
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from rollout.config import Config, ConfigError, load_config
 from rollout.records import INFRA_STATUSES
@@ -32,20 +30,6 @@ if TYPE_CHECKING:
     from rollout.pool import RolloutPool
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_endpoints(cfg: Config, router_url: str | None) -> Config:
-    """Fill ``policy.router_url`` (and the llm user's ``base_url``) from the local stack's router."""
-    policy = cfg.policy
-    user = cfg.env.user
-    if router_url is not None:
-        policy = dataclasses.replace(policy, router_url=router_url)
-        if user.kind == "llm" and user.base_url is None:
-            # the local router serves the user simulator too, behind the same key
-            user = dataclasses.replace(user, base_url=router_url.rstrip("/") + "/v1", model=user.model or "local",
-                                       api_key_env=user.api_key_env or policy.api_key_env)
-    env = dataclasses.replace(cfg.env, user=user)
-    return dataclasses.replace(cfg, policy=policy, env=env)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -137,49 +121,6 @@ class SignalStop:
             signal.signal(sig, h)
 
 
-@contextlib.contextmanager
-def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[tuple[Config, "RolloutPool", list[str]]]:
-    """Start what a job needs and stop it afterwards: the local stack (when ``local.enabled``) and
-    the Ray pool.
-
-    Yields:
-        ``(cfg, pool, task_ids)``: the config with its endpoints resolved, the started pool, and
-        the task ids of ``env.task_split`` / ``env.task_ids``.
-
-    Raises:
-        KeyError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
-        RuntimeError: the local stack or an actor failed to start.
-    """
-    from rollout.env.tau_bench_env import make_domain, stack_domain
-    from rollout.env.user import check_user_simulator
-    from rollout.pool import RolloutPool
-    from rollout.preflight import check_benchmark, check_key_variables, run_preflight
-
-    stack = None
-    pool = None
-    try:
-        check_key_variables(cfg)  # before anything starts
-        check_benchmark(cfg)  # env.benchmark=tau_bench: its package is installed (one line if not)
-        domain = make_domain(cfg.env, tau2_log_level=cfg.logging.tau2_level)
-        task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
-        if cfg.local.enabled:
-            from rollout.local.stack import LocalStack
-
-            stack = LocalStack(cfg.local, stack_domain(cfg.env), cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name,
-                               api_key_env=cfg.policy.api_key_env)
-            stack.start()
-            cfg = resolve_endpoints(cfg, stack.router_url)
-        run_preflight(cfg, check_user=check_user_simulator)
-        pool = RolloutPool(cfg).start()
-        logger.info("chat template probe (%s):\n%s", cfg.policy.tokenizer, pool.worker_infos()[0]["template_probe"])
-        yield cfg, pool, task_ids
-    finally:
-        if pool is not None:
-            pool.shutdown()
-        if stack is not None:
-            stack.stop()
-
-
 def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Run the main job described by ``cfg`` as a journaled run (:mod:`rollout.journal`); returns
     the summary (also written to ``summary.json``, with ``status`` ``finished`` or
@@ -201,6 +142,7 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     from rollout.journal import RunJournal
     from rollout.output import RunWriter
     from rollout.pool import RunAborted
+    from rollout.wiring import open_pool
 
     journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite)
     writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)

@@ -2,7 +2,7 @@
 
 The pure part (:func:`pass_at_k`, :func:`summarize`, :func:`format_eval`) turns episode outcomes
 into a summary dict and a table; it needs no Ray and is unit-tested on its own. :func:`run_eval`
-runs the episodes on the pool (:func:`rollout.cli.open_pool`) and writes ``eval.json``.
+runs the episodes on the pool (:func:`rollout.wiring.open_pool`) and writes ``eval.json``.
 
 Metrics, per domain, over the *valid trials* of each task (episodes that ended with a policy
 outcome: ``completed``, ``truncated``, ``parse_error``, ``tool_timeout``):
@@ -264,7 +264,7 @@ def run_eval(cfg: "Config", progress: bool = True) -> dict[str, Any]:
     """
     from tqdm import tqdm
 
-    from rollout.cli import open_pool
+    from rollout.wiring import open_pool
 
     n = cfg.rollout.n_samples_per_task
     with open_pool(cfg) as (cfg, pool, task_ids):

@@ -162,6 +162,27 @@ def _as_version(v: int | str) -> int:
         raise ValueError(f"weight_version must be an integer (staleness is counted in versions), got {v!r}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class PauseReport:
+    """What one :meth:`RolloutPool.pause` met (also each pause of
+    :meth:`RolloutPool.update_weights_from_disk`).
+
+    Attributes:
+        mode: the pause mode (``abort`` | ``in_place`` | ``retract``).
+        workers: the worker URLs paused.
+        seconds: how long the pause took to return.
+        episodes_running: episodes running on the actors when their gates closed.
+        generate_calls_out: ``/generate`` calls under way when the gates closed: with ``abort``,
+            the calls the pause interrupted (each then handled by ``rollout.partial_rollout``).
+    """
+
+    mode: str
+    workers: list[str]
+    seconds: float
+    episodes_running: int
+    generate_calls_out: int
+
+
 class _AdminLoop:
     """A private event loop in a thread, for the pool's HTTP calls to the workers (the pool's own
     API is synchronous, and a trainer may call it from inside an event loop of its own)."""
@@ -230,6 +251,7 @@ class RolloutPool:
         self._head_checked_at = 0.0
         self._gcs_address: str | None = None
         self._interrupt_reason: str | None = None
+        self.last_pause: PauseReport | None = None  # what the last pause() met
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "RolloutPool":
@@ -876,15 +898,19 @@ class RolloutPool:
                                           api_key=api_key_from_env(self.cfg.policy.api_key_env))
         return self._admin_loop
 
-    def _set_gates(self, open_: bool, indices: list[int] | None = None) -> None:
+    def _set_gates(self, open_: bool, indices: list[int] | None = None) -> list:
+        """Open or close the generation gates of the actors ``indices`` (default: every healthy
+        one); returns the answers of those that answered."""
         indices = [i for i in range(len(self.actors)) if i not in self._down] if indices is None else indices
         refs = {i: (self.actors[i].resume_generation if open_ else self.actors[i].pause_generation).remote() for i in indices}
+        answers = []
         for i, ref in refs.items():
             try:
-                ray.get(ref, timeout=30)
+                answers.append(ray.get(ref, timeout=30))
             except (RayActorError, RayTaskError, GetTimeoutError) as e:
                 # a dead actor's episodes are re-run elsewhere; a restarted one is gated when it answers a ping
                 logger.warning("actor %d: could not %s its generation gate: %r", i, "open" if open_ else "close", e)
+        return answers
 
     def pause(self, mode: str = "abort") -> list[str]:
         """Stop all generation; in-flight episodes are held, not ended.
@@ -908,9 +934,14 @@ class RolloutPool:
             raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
         t0 = time.monotonic()
         self._paused = mode
-        self._set_gates(False)
+        gates = self._set_gates(False)
         urls = self._admin().run(lambda: self._admin().admin.pause(mode))
-        logger.info("generation paused (%s) on %d worker(s) in %.3fs", mode, len(urls), time.monotonic() - t0)
+        self.last_pause = PauseReport(mode=mode, workers=list(urls), seconds=time.monotonic() - t0,
+                                      episodes_running=sum(g["episodes_running"] for g in gates),
+                                      generate_calls_out=sum(g["generate_calls_out"] for g in gates))
+        self._counts["generate_calls_paused"] += self.last_pause.generate_calls_out
+        logger.info("generation paused (%s) on %d worker(s) in %.3fs: %d episode(s) running, %d /generate call(s) under way",
+                    mode, len(urls), self.last_pause.seconds, self.last_pause.episodes_running, self.last_pause.generate_calls_out)
         return urls
 
     def resume(self) -> list[str]:

@@ -58,7 +58,7 @@ def measure(cfg: Config, concurrencies: list[int]) -> list[dict[str, Any]]:
     """
     import dataclasses
 
-    from rollout.cli import open_pool
+    from rollout.wiring import open_pool
 
     rows = []
     for c in concurrencies:

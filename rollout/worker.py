@@ -248,11 +248,17 @@ class RolloutWorker:
         assert self._client is not None
         return self._client
 
-    async def pause_generation(self) -> int:
-        """Close the gate: ``/generate`` calls wait until :meth:`resume_generation`. Returns the
-        number of episodes running here."""
+    async def pause_generation(self) -> dict[str, int]:
+        """Close the gate: ``/generate`` calls wait until :meth:`resume_generation`.
+
+        Returns:
+            ``{"episodes_running": episodes running here, "generate_calls_out": /generate calls
+            under way when the gate closed (sent and not answered)}``: the calls that a server
+            pause which follows interrupts.
+        """
         self.gate.close()
-        return len(self._running)
+        out = len(self._client.inflight) if self._client is not None else 0
+        return {"episodes_running": len(self._running), "generate_calls_out": out}
 
     async def resume_generation(self) -> int:
         """Open the gate: held calls go on. Returns the number of episodes running here."""
