@@ -13,15 +13,20 @@ tiny-model prefill of a 4.8k-token tau2 prompt is ~0.16 s here). Against your ow
 folder every worker can load; skipped without it).
 
 ``memory``: resident memory of one actor (its tool sandbox included) against
-``pool.max_concurrent_episodes``, per domain (see :mod:`rollout.sizing`)::
+``pool.max_concurrent_episodes``, per domain (see :mod:`rollout.sizing`); RSS and PSS come from
+the same samples, and it exits 1 if any sample has a PSS above its RSS::
 
-    python -m rollout.bench memory --config configs/local.yaml --concurrency 8,32
+    python -m rollout.bench memory --config configs/local.yaml --concurrency 8,32 [--json FILE]
 
 ``chaos``: the main job (``python -m rollout run`` in a subprocess) under faults (actor, server,
 router, driver kills, a faulty server, a failing user simulator, a node removal), one row per
-fault: episodes submitted, delivered, lost, duplicated, statuses, wall time and processes left
-behind (see :mod:`rollout.chaos`); exits 1 unless every fault ends with 0 lost, 0 duplicated,
-0 left behind and its own checks passed::
+fault: what the fault injected against what it planned (each strike placed by the run's
+progress, episodes delivered and outstanding, never by the clock), episodes submitted,
+delivered, lost, duplicated, statuses, wall time and processes left behind (see
+:mod:`rollout.chaos`). Exit codes: 0 every fault injected all it planned and every guarantee
+held (0 lost, 0 duplicated, 0 left behind, its own checks passed); 1 some guarantee broke
+(takes precedence); 5 every guarantee held but some fault could not be (fully) injected, so
+the bench proved nothing for it; 2 a usage or config error::
 
     python -m rollout.bench chaos [--config configs/local.yaml] [--tasks 24] [--faults a,b] [--json FILE] [key=value ...]
 """
@@ -96,11 +101,13 @@ def bench_pause(cfg, episodes: int, cycles: int, model_path: str | None) -> dict
 
 
 def main_chaos(args) -> int:
-    """``chaos``: run the faults, print the table, write ``--json``; 0 when every fault passed."""
+    """``chaos``: run the faults, print the table, write ``--json``; returns
+    :func:`rollout.chaos.exit_code` of the rows (0 all injected and held, 1 a guarantee broke,
+    5 a fault not injected) or 2 for a usage or config error."""
     import json
     import logging
 
-    from rollout.chaos import FAULTS, ChaosOptions, format_table, run_chaos
+    from rollout.chaos import FAULTS, ChaosOptions, exit_code, format_table, run_chaos
 
     faults = [x.strip() for x in args.faults.split(",") if x.strip()] if args.faults else list(FAULTS)
     bad = [x for x in faults if x not in FAULTS]
@@ -128,19 +135,29 @@ def main_chaos(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
+    code = exit_code(rows)
+    broken = [r["fault"] for r in rows if r.get("verdict") == "broken"]
+    not_injected = [r["fault"] for r in rows if r.get("verdict") == "not_injected"]
     print(f"chaos bench: {len(rows)} fault(s), {args.tasks} tasks each, {time.monotonic() - t0:.0f} s in all; "
           f"{sum(r['ok'] for r in rows)} passed; run folders under {Path(rows[0]['dir']).parent if rows else '-'}")
+    if broken:
+        print(f"a guarantee broke: {', '.join(broken)}")
+    if not_injected:
+        print(f"not (fully) injected, guarantees held: {', '.join(not_injected)} (inconclusive)")
     if args.json:
         write(rows)
         print(f"json: {args.json}")
-    return 0 if all(r["ok"] for r in rows) else 1
+    print(f"exit code {code}")
+    return code
 
 
 def main_memory(args) -> int:
-    """``memory``: :mod:`rollout.sizing` for each domain, one table; 0 on success."""
+    """``memory``: :mod:`rollout.sizing` for each domain, one table; 0 on success, 1 when a sample
+    has a PSS above its RSS (:func:`rollout.sizing.check_rows`, printed to stderr), 2 on a config
+    error."""
     import json
 
-    from rollout.sizing import format_rows, measure
+    from rollout.sizing import check_rows, format_rows, measure
     from rollout.worker import setup_logging
 
     rows = []
@@ -156,7 +173,10 @@ def main_memory(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(f"json: {args.json}")
-    return 0
+    problems = check_rows(rows)
+    for line in problems:
+        print(f"PSS above RSS: {line}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=5, help="pauses measured in each condition")
     p.add_argument("--model-path", default=None, help="weights folder for the update cycle (default on the tiny stack: its own weights)")
     p.add_argument("overrides", nargs="*")
-    from rollout.chaos import DEFAULT_TASKS, FAULTS, LEFT_WAIT_S
+    from rollout.chaos import DEFAULT_TASKS, EXIT_BROKEN, EXIT_NOT_INJECTED, FAULTS, LEFT_WAIT_S
 
-    c = sub.add_parser("chaos", help="the main job under faults: lost / duplicated episodes and processes left behind, per fault")
+    c = sub.add_parser("chaos", help="the main job under faults: lost / duplicated episodes and processes left behind, per fault",
+                       description="Runs the main job once per fault; each fault strikes at the run's progress (episodes "
+                       "delivered and outstanding, read from its journal), never at a clock time (see rollout.chaos).",
+                       epilog=f"exit codes: 0 every fault injected all it planned and every guarantee held; {EXIT_BROKEN} a "
+                       f"guarantee broke (lost, duplicated, left behind, a check on the outcome; takes precedence); "
+                       f"{EXIT_NOT_INJECTED} every guarantee held but some fault could not be (fully) injected "
+                       "(inconclusive); 2 a usage or config error")
     c.add_argument("--config", "-c", default="configs/local.yaml")
     c.add_argument("--tasks", type=int, default=DEFAULT_TASKS, help="tasks per fault (the first N of env.task_split), one episode each")
     c.add_argument("--faults", default=None, help="comma-separated faults (default: all): " + ", ".join(FAULTS))
@@ -182,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--config", "-c", default="configs/local.yaml")
     m.add_argument("--domains", default="retail,airline")
     m.add_argument("--concurrency", default="8,32", help="comma-separated pool.max_concurrent_episodes values")
-    m.add_argument("--json", default=None, metavar="FILE")
+    m.add_argument("--json", default=None, metavar="FILE", help="write the rows, each with its samples (bytes), as a JSON list")
     m.add_argument("overrides", nargs="*")
     # Sub-commands that live in their own modules: each adds its parser and sets ``run``.
     from rollout import bench_env, bench_pool, bench_turns
