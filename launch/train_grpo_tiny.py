@@ -3,13 +3,14 @@
     python launch/train_grpo_tiny.py --config configs/local.yaml local.backend=tiny --steps 3
 
 It is a plain torch trainer written the way a Ray-based trainer uses the pool (one step
-off-policy, as slime and AReaL run asynchronously):
+off-policy, as slime and AReaL run asynchronously). B is ``--groups-per-step``:
 
-1. ``pool.collect_groups(B, tasks)``: B GRPO groups kept by dynamic sampling
-   (``rollout.filter_groups=zero_variance``: groups whose rewards are all equal carry no gradient).
+1. ``pool.collect_groups(B, tasks, max_outstanding_groups=B)``: B GRPO groups kept by dynamic
+   sampling (``rollout.filter_groups=zero_variance``: groups whose rewards are all equal carry no
+   gradient); at most B groups are complete or on their way at any time.
 2. The training step runs in a thread while the main thread keeps the rollout going
-   (``pool.prefetch(B, tasks, in_flight=True)`` and ``pool.poll()``): the next step's episodes run
-   during training, as in an asynchronous trainer (slime, AReaL).
+   (``pool.prefetch(ahead, tasks)`` and ``pool.poll()``): ``ahead`` (``--rollout-ahead``, default
+   and at most B - 1) of the next step's groups run during training.
 3. For every sample, the log-probs of its loss-masked tokens are recomputed with the trainer's own
    copy of the weights that sampled each token (``TrainingSample.token_weight_versions``), and
    ``max_abs_logprob_diff`` is the largest |trainer - rollout| difference of the step.
@@ -17,14 +18,51 @@ off-policy, as slime and AReaL run asynchronously):
    arXiv:2402.03300) and the clipped policy-gradient loss ``-min(rho A, clip(rho, 1-eps, 1+eps) A)``
    with ``rho = exp(logp_now - logp_rollout)`` (PPO, Schulman et al. 2017), averaged over all the
    step's loss-masked tokens (DAPO's token-level mean, arXiv:2503.14476); one Adam step.
-5. The weights are saved (``save_pretrained``) and ``pool.update_weights_from_disk(path,
-   weight_version=step + 1)`` pauses the servers, loads them and continues, while the prefetched
-   episodes are in flight: their interrupted turns are continued (``rollout.partial_rollout``).
+5. The rest of the next step's batch is submitted (``pool.prefetch(B, tasks)``), the weights are
+   saved (``save_pretrained``), the loop waits, polling the pool, until a ``/generate`` call is
+   being generated on a server, and ``pool.update_weights_from_disk(path, weight_version=step +
+   1)`` pauses the servers, loads the weights and continues: the calls it interrupts are continued
+   (``rollout.partial_rollout=continue``), so the next step's batch has tokens of two versions.
 
-Each step appends a line to ``<rollout.output_dir>/train_log.jsonl``; at the end the script checks
-that every submitted episode id was delivered exactly once (in a kept group or through
-``pool.excluded()``) and exits 1 otherwise, or when a step's ``max_abs_logprob_diff`` exceeds
-``--max-logprob-diff``.
+Why the update meets generation whatever the machine's speed. Keeping the next batch running
+during training is not enough: on a fast machine it all ends before training does, and the update
+then finds nothing in flight. So the update is placed by state, not by time:
+
+* at most B groups are complete or on their way during a step's collection (item 1 above), and
+  at most B - 1 during its training (item 2), so when training ends fewer than B complete groups
+  wait;
+* ``pool.prefetch(B, tasks)`` then submits the next batch's missing group(s): episodes that have
+  not started yet, each with a turn to generate, and part of the next step's batch (the next
+  collection needs at least one group that is not complete);
+* the update is called once a server reports a ``/generate`` request admitted and generating
+  (``GET /get_server_info`` of every worker the router lists: ``num_inflight_requests`` less the
+  held and paused ones), not after a delay; ``pool.last_pause`` then says what the update met.
+  A request admitted on a server is one the pause aborts (``abort`` mode) unless it ends in the
+  few milliseconds before the pause reaches the server (a fresh turn runs up to 512 tokens); the
+  pool's own ``worker_infos()`` only has ``running`` episodes, which include episodes that have
+  not sent their first call yet (a fresh episode sets up before it generates), so they are not
+  used.
+
+With B = 1 no group of the next step runs during training (B - 1 = 0): the overlap is then the
+update alone. The last step's update has no next step to meet: nothing is started for it, it
+still loads the trained weights (the servers end on the final version, as a trainer's last sync
+does), whatever surplus of the collection still runs is interrupted and then cancelled, and it
+is not checked. The waste of starting a batch only to cancel it is not worth a check there.
+
+Each step appends a line to ``<rollout.output_dir>/train_log.jsonl``. What this step's update met:
+``update_checked`` (false for the last step), ``update_generating_requests`` (requests generating
+on the servers just before the update), ``update_waited_s`` (the wait for them, seconds),
+``update_episodes_running`` and ``update_interrupted_calls`` (``pool.last_pause``: episodes
+running and ``/generate`` calls under way when the update closed the actors' gates: the calls it
+interrupted), and ``episodes_outstanding_at_update``. An interruption is delivered when its
+episode ends, i.e. during the next step: ``episodes_interrupted`` / ``episodes_continued`` are the
+episodes delivered during this step (its collection and training) that an update interrupted /
+whose turn was continued, which are the previous step's update's (step 0's are 0).
+
+At the end the script checks that every submitted episode id was delivered exactly once (in a
+kept group or through ``pool.excluded()``), that no step's ``max_abs_logprob_diff`` exceeds
+``--max-logprob-diff``, and that every checked update interrupted at least one ``/generate`` call
+(unless ``--allow-idle-updates``); it exits 1 when one fails, 2 on a bad configuration.
 
 The tiny model is random and will not get good at tau2. Its reward signal: the script's default
 tasks are the retail tasks whose correct outcome leaves the database unchanged (tau2 gives 1.0
@@ -44,6 +82,8 @@ import logging
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 # Ray uploads the working directory and runs the job from it (see launch/job.py).
@@ -58,6 +98,10 @@ TRAIN_DEFAULTS = [
     # Long turns make generation, not training, the bottleneck, as on a real cluster: the update
     # then meets the next batch mid-turn, and each step trains on two versions' tokens.
     "policy.sampling.max_new_tokens=512",
+    # The random model's turns nearly all run to max_new_tokens: kept as the turn (parsed and sent
+    # on), they earn 0 or 1; with on_length=truncate every episode would end `truncated` with
+    # reward 0, every group would be filtered (zero variance) and no batch would ever be complete.
+    "policy.on_length=keep",
     "rollout.n_samples_per_task=4",
     "rollout.filter_groups=zero_variance",
     "rollout.max_staleness=1",  # one step off-policy; older episodes are dropped and re-run
@@ -71,15 +115,130 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", "-c", default="configs/local.yaml")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--groups-per-step", type=int, default=4, help="B: kept GRPO groups per step")
-    p.add_argument("--rollout-ahead", type=int, default=None, help="groups kept generating while the trainer trains (default B)")
+    p.add_argument("--rollout-ahead", type=int, default=None,
+                   help="groups of the next step started while the trainer trains (default and at most B - 1; the rest start after the "
+                        "training step, so that the update meets them generating)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip range epsilon")
     p.add_argument("--max-logprob-diff", type=float, default=1e-3, help="exit 1 if a step's max |trainer - rollout| log-prob exceeds it")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="give up when no episode ends for this long")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="give up when no episode ends, or no generation starts, for this long")
+    p.add_argument("--allow-idle-updates", action="store_true",
+                   help="do not exit 1 when a step's update (the last step's excepted) interrupted no /generate call")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     from rollout.cli import parse_args_with_overrides
 
     return parse_args_with_overrides(p, argv)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The error message for inconsistent loop options (``--steps``, ``--groups-per-step``,
+    ``--rollout-ahead``), or ``None``; fills ``args.rollout_ahead`` in (default B - 1)."""
+    b = args.groups_per_step
+    if args.steps < 1 or b < 1:
+        return f"--steps and --groups-per-step must be >= 1, got {args.steps} and {b}"
+    if args.rollout_ahead is None:
+        args.rollout_ahead = b - 1
+    if not 0 <= args.rollout_ahead <= b - 1:
+        return (f"--rollout-ahead must be in [0, B - 1] = [0, {b - 1}], got {args.rollout_ahead}: with B groups of the next step "
+                f"started during training they may all end before the update, which then meets nothing in flight")
+    return None
+
+
+class ServerProbe:
+    """Counts the ``/generate`` requests the local stack's servers are generating now.
+
+    Reads ``GET /get_server_info`` of every worker the router lists (``GET /workers``): a request
+    is generating when it is in flight and neither held nor paused (``num_inflight_requests -
+    num_held_requests - num_paused_requests``), i.e. admitted past the server's pause gate, so
+    that a pause in ``abort`` mode aborts it.
+
+    Args:
+        router_url: ``http://host:port`` of the router (``policy.router_url``, resolved).
+        api_key: sent as ``Authorization: Bearer <key>`` (``policy.api_key_env``'s key), or ``None``.
+        timeout_s: bound on each HTTP call, seconds.
+    """
+
+    def __init__(self, router_url: str, api_key: str | None = None, timeout_s: float = 10.0):
+        self.router_url = router_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._urls: list[str] | None = None
+
+    def _get(self, url: str):
+        req = urllib.request.Request(url, method="GET")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"GET {url} answered {e.code}") from None
+
+    def worker_urls(self) -> list[str]:
+        """The worker URLs the router lists (read once).
+
+        Raises:
+            RuntimeError: the router answered with a status other than 200.
+            OSError: the router did not answer within ``timeout_s``.
+        """
+        if self._urls is None:
+            data = self._get(self.router_url + "/workers")
+            workers = data.get("workers", []) if isinstance(data, dict) else data
+            self._urls = [str(w.get("url") if isinstance(w, dict) else w).rstrip("/") for w in workers]
+        return list(self._urls)
+
+    def generating(self) -> int:
+        """Requests being generated now, over every worker (>= 0).
+
+        Raises:
+            RuntimeError: a server answered with a status other than 200.
+            OSError: a server did not answer within ``timeout_s``.
+        """
+        n = 0
+        for url in self.worker_urls():
+            info = self._get(url + "/get_server_info")
+            n += max(0, int(info["num_inflight_requests"]) - int(info.get("num_held_requests", 0)) - int(info.get("num_paused_requests", 0)))
+        return n
+
+
+def wait_for_generation(pool, probe: ServerProbe, tasks, num_groups: int, timeout_s: float) -> tuple[int, float]:
+    """Poll ``pool`` (dispatching queued episodes, delivering ended ones) until ``probe`` reports a
+    ``/generate`` request generating. Should every outstanding episode end first, the next batch is
+    topped up again (``pool.prefetch(num_groups, tasks)``).
+
+    Returns:
+        ``(requests generating, seconds waited)``; ``(0, seconds)`` when nothing is outstanding
+        and the next batch is already complete (nothing can be met: the update will be idle).
+
+    Raises:
+        TimeoutError: no generation started within ``timeout_s`` seconds.
+        RuntimeError, OSError: a server or the router did not answer (:class:`ServerProbe`).
+    """
+    t0 = time.monotonic()
+    while True:
+        n = probe.generating()
+        if n > 0:
+            return n, time.monotonic() - t0
+        if not pool.num_outstanding and not pool.prefetch(num_groups, tasks):
+            return 0, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"no /generate call started within {timeout_s}s ({pool.num_outstanding} episode(s) outstanding)")
+        pool.poll(timeout_s=0.05)
+
+
+def idle_updates(log: list[dict]) -> list[int]:
+    """The steps whose update was checked (``update_checked``: every step but the last) and
+    interrupted no ``/generate`` call (``update_interrupted_calls == 0``)."""
+    return [line["step"] for line in log if line["update_checked"] and line["update_interrupted_calls"] == 0]
+
+
+def run_ok(summary: dict, max_logprob_diff: float, allow_idle_updates: bool) -> bool:
+    """True when the run summary (:func:`train`'s) says every submitted episode was delivered
+    exactly once, no step's ``max_abs_logprob_diff`` exceeds ``max_logprob_diff``, and (unless
+    ``allow_idle_updates``) no checked update was idle (``idle_updates``, :func:`idle_updates`)."""
+    if not summary["exactly_once"] or summary["max_abs_logprob_diff"] > max_logprob_diff:
+        return False
+    return allow_idle_updates or not summary["idle_updates"]
 
 
 class TinyTrainer:
@@ -189,10 +348,17 @@ def train(cfg, args) -> dict:
     """Run the loop (see the module docstring); returns the run summary.
 
     Raises:
-        ValueError: the config does not use the local stack's tiny backend.
+        ValueError: the config does not use the local stack's tiny backend, or the loop options
+            are inconsistent (:func:`check_args`).
+        TimeoutError: no episode ended, or no generation started before an update, within
+            ``args.timeout_s`` seconds.
     """
+    problem = check_args(args)
+    if problem is not None:
+        raise ValueError(problem)
     import torch
 
+    from rollout.policy import api_key_from_env
     from rollout.tokenizer import load_tokenizer
     from rollout.wiring import open_pool
 
@@ -206,31 +372,38 @@ def train(cfg, args) -> dict:
     trainer = TinyTrainer(cfg.local.tiny, len(tokenizer), cfg.policy.sampling.temperature, args.lr, args.clip, cfg.rollout.weight_version)
     delivered: list[str] = []
     log: list[dict] = []
+    b, ahead = args.groups_per_step, args.rollout_ahead
     with open_pool(cfg, log_dir_name="train_stack_logs") as (cfg, pool, task_ids):
+        probe = ServerProbe(cfg.policy.router_url, api_key_from_env(cfg.policy.api_key_env))
         tasks = itertools.cycle(task_ids)
         prev = pool.stats()
-        ahead = args.rollout_ahead if args.rollout_ahead is not None else args.groups_per_step
-        pool.prefetch(ahead, tasks)
+        pool.prefetch(b, tasks)
         for step in range(args.steps):
             t0 = time.monotonic()
-            groups = pool.collect_groups(args.groups_per_step, tasks, abort_surplus=False, timeout_s=args.timeout_s)
+            last = step + 1 == args.steps
+            # At most B groups complete or on their way: when B are kept, at most B - 1 are left.
+            groups = pool.collect_groups(b, tasks, abort_surplus=False, max_outstanding_groups=b, timeout_s=args.timeout_s)
             samples = [s for g in groups for s in g]
 
             def work():
                 return trainer.logprob_check(samples), trainer.step(groups)
 
-            # Train while the rollout goes on: the next step's episodes run meanwhile, and the
-            # update below meets them mid-turn (one step off-policy, as slime and AReaL run).
+            # Train while the rollout goes on: up to `ahead` (<= B - 1) of the next step's groups
+            # run meanwhile (one step off-policy, as slime and AReaL run).
             with concurrent.futures.ThreadPoolExecutor(1) as ex:
                 fut = ex.submit(work)
                 while not fut.done():
-                    if step + 1 < args.steps:
-                        pool.prefetch(ahead, tasks, in_flight=True)
+                    if not last:
+                        pool.prefetch(ahead, tasks)
                     pool.poll(timeout_s=0.5)
                 (diff, checked, versions), stats = fut.result()
+            if not last:
+                pool.prefetch(b, tasks)  # fewer than B complete groups wait: the rest of the next batch starts now
             path = trainer.save(out / "weights" / f"step_{step + 1}", step + 1)
+            generating, waited = wait_for_generation(pool, probe, tasks, b, args.timeout_s) if not last else (probe.generating(), 0.0)
             outstanding = pool.num_outstanding
             pool.update_weights_from_disk(str(path), weight_version=step + 1)
+            met = pool.last_pause
             excluded = list(pool.excluded())
             delivered += [s.metadata["episode_id"] for s in samples] + [e.sample.metadata["episode_id"] for e in excluded]
             trainer.forget_before(step + 1 - (cfg.rollout.max_staleness if cfg.rollout.max_staleness is not None else step + 1))
@@ -243,7 +416,10 @@ def train(cfg, args) -> dict:
                 "step": step, "weight_version": step + 1, "groups_used": len(groups), "groups_filtered": d("groups_filtered"),
                 "episodes_submitted": d("episodes_submitted"), "episodes_delivered": d("episodes_delivered"),
                 "episodes_interrupted": d("episodes_interrupted"), "episodes_continued": d("episodes_continued"),
-                "episodes_excluded": len(excluded), "episodes_outstanding_at_update": outstanding, "weight_versions_seen": versions,
+                "episodes_excluded": len(excluded), "episodes_outstanding_at_update": outstanding,
+                "update_checked": not last, "update_generating_requests": generating, "update_waited_s": round(waited, 3),
+                "update_episodes_running": met.episodes_running, "update_interrupted_calls": met.generate_calls_out,
+                "weight_versions_seen": versions,
                 "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),
                 "max_abs_logprob_diff": diff, "logprob_tokens_checked": checked, **stats,
                 "seconds": round(time.monotonic() - t0, 2),
@@ -267,6 +443,7 @@ def train(cfg, args) -> dict:
         "weight_versions_seen": sorted({v for line in log for v in line["weight_versions_seen"]}, key=int),
         "max_abs_logprob_diff": max((line["max_abs_logprob_diff"] for line in log), default=0.0),
         "episodes_interrupted": int(final.get("episodes_interrupted", 0)), "episodes_continued": int(final.get("episodes_continued", 0)),
+        "update_interrupted_calls": [line["update_interrupted_calls"] for line in log], "idle_updates": idle_updates(log),
         "pool": final,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -278,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.config import ConfigError, load_config
     from rollout.worker import setup_logging
 
+    problem = check_args(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, TRAIN_DEFAULTS + list(args.overrides))
     except (ConfigError, FileNotFoundError) as e:
@@ -293,9 +474,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['duplicates']} duplicates, {summary['missing']} missing")
     print(f"weight versions seen {summary['weight_versions_seen']}; episodes interrupted {summary['episodes_interrupted']}, "
           f"continued {summary['episodes_continued']}; max |trainer - rollout| log-prob {summary['max_abs_logprob_diff']:.3e}")
+    print(f"/generate calls interrupted by each step's update {summary['update_interrupted_calls']} (the last step's is not checked); "
+          f"idle checked updates: {summary['idle_updates'] or 'none'}" + (" (allowed: --allow-idle-updates)" if args.allow_idle_updates else ""))
     print(f"train log: {Path(cfg.rollout.output_dir) / 'train_log.jsonl'}")
-    ok = summary["exactly_once"] and summary["max_abs_logprob_diff"] <= args.max_logprob_diff
-    return 0 if ok else 1
+    return 0 if run_ok(summary, args.max_logprob_diff, args.allow_idle_updates) else 1
 
 
 if __name__ == "__main__":
