@@ -10,7 +10,11 @@ config. A run is a journal (:mod:`rollout.journal`): ``--resume`` finishes a sto
 ``--overwrite`` replaces one. Exit status: 0 when every episode ended with a policy outcome, 3
 when some ended with an infrastructure failure, 2 on a bad config or an output directory that
 holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
-SIGINT / SIGTERM stopped it (the summary says ``interrupted``).
+SIGINT / SIGTERM stopped it (the summary says ``interrupted``). Exit 2 is for what the user can
+fix, each one line naming the key or the file: a bad config value, a split or task the domain
+lacks, a file, folder, address or package a key names that cannot be had, a failed preflight
+check, an output directory that holds a run. Anything else is a bug and ends with Python's
+traceback (exit 1), never disguised as a config error.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("generated tokens", str(summary["generated_tokens"])),
         ("turn-boundary repairs", str(summary["turn_boundary_repairs"])),
         ("parse errors", str(summary["parse_errors"])),
+        ("turns cut at max_new_tokens", str(summary.get("length_cut_turns", 0))),
+        ("  episodes ended by it", str(summary.get("episodes_ended_by_turn_length", 0))),
         ("wall time (s)", f"{summary['wall_s']:.2f}"),
         ("episodes / s", f"{summary['episodes_per_s']:.3f}"),
     ]
@@ -133,7 +139,7 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     Raises:
         rollout.journal.JournalError: the output directory holds a run and neither flag was
             given, or the config changed since (before anything starts).
-        KeyError: ``env.task_ids`` names tasks the domain lacks.
+        rollout.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
     from tqdm import tqdm
@@ -142,8 +148,10 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     from rollout.journal import RunJournal
     from rollout.output import RunWriter
     from rollout.pool import RunAborted
+    from rollout.preflight import check_output_dir
     from rollout.wiring import open_pool
 
+    check_output_dir(cfg.rollout.output_dir)  # one line, before the journal creates it
     journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite)
     writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
     status, reason, undelivered = "interrupted", "the run stopped before it started", 0
@@ -243,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_eval(cfg, progress=not args.no_progress)
         else:
             summary = run_job(cfg, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite)
-    except KeyError as e:
-        print(f"config error: {e.args[0]}", file=sys.stderr)
+    except ConfigError as e:  # found once the domain loads: env.task_split / env.task_ids
+        print(f"config error: {e}", file=sys.stderr)
         return 2
     except (JournalError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ BENCHMARKS = ("tau2", "tau_bench")  # env.benchmark: tau2-bench, or the original
 USER_KINDS = ("scripted", "llm")
 EVALUATORS = ("fast", "tau2")
 ON_PARSE_ERROR = ("feedback", "abort")
+ON_LENGTH = ("truncate", "keep")
 LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PARTIAL_ROLLOUT = ("continue", "restart_turn", "drop")
@@ -37,6 +38,14 @@ class ConfigError(ValueError):
     """A configuration key is missing, unknown, of the wrong type or out of range."""
 
 
+class TaskSelectionError(ConfigError, KeyError):
+    """``env.task_split`` or ``env.task_ids`` names a split or tasks the domain lacks (found when
+    the domain loads; the message names the key). A ``KeyError`` too, as a lookup that failed."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass
 class SamplingConfig:
     """SGLang ``sampling_params`` for policy turns (names as in SGLang's native API)."""
@@ -44,7 +53,10 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k truncation (SGLang's convention)
-    max_new_tokens: int = 512  # per assistant turn
+    # Per assistant turn. Real replies are long: GPT-4o's airline replies in tau-bench's recorded
+    # trajectories reach 546 tokens, and a thinking model's turn (its <think> block included)
+    # often runs to thousands. A turn cut here becomes what policy.on_length says.
+    max_new_tokens: int = 4096
     # Stopping on "</tool_call>" enforces one tool call per turn (tau-bench allows one); the
     # client then closes the turn with the template's end-of-turn tokens, masked 0.
     stop: list[str] = field(default_factory=lambda: ["</tool_call>"])
@@ -74,6 +86,13 @@ class PolicyConfig:
     # stack then requires it. Keys are read from the environment only, never written anywhere.
     api_key_env: Optional[str] = None
     on_parse_error: str = "feedback"  # feedback: tell the model and go on; abort: end the episode
+    # A turn cut at policy.sampling.max_new_tokens (finish_reason "length"): truncate = end the
+    # episode `truncated` (termination_reason turn_length; the cut text never reaches the user or
+    # a tool, as slime types a length finish TRUNCATED); keep = use the cut text as the turn
+    # (parsed and sent on, as if whole). Either way it is counted (metadata.length_finishes, the
+    # summary's length_cut_turns). A turn cut because the context window is full always ends the
+    # episode `truncated` (termination_reason context).
+    on_length: str = "truncate"
     enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
 
 
@@ -146,6 +165,11 @@ class RolloutConfig:
 
     n_samples_per_task: int = 1  # group size
     output_dir: str = "outputs/run"
+    # Keep each episode's conversation (OpenAI chat messages: the user's turns, the assistant's
+    # replies and tool calls, the tool results; TrainingSample.messages) in the journal, the result
+    # files and the trainer API's samples; false: leave it out for space (the token fields decode
+    # to the same text).
+    keep_messages: bool = True
     seed: int = 0
     weight_version: int = 0  # the trainer's weight version at start (numeric, for max_staleness)
     # Statuses that reach training (samples(), groups(), Batch.from_samples, samples.jsonl); the
@@ -268,6 +292,9 @@ def validate(cfg: Config) -> Config:
     if u.kind == "llm":
         _check(bool(u.model), "env.user.model", "is required when env.user.kind=llm")
         _check(u.base_url is not None or cfg.local.enabled, "env.user.base_url", "is required when env.user.kind=llm and local.enabled=false")
+    if u.base_url is not None:
+        _check(u.base_url.startswith(("http://", "https://")), "env.user.base_url",
+               f"must be an OpenAI-compatible endpoint starting with http:// or https:// (e.g. http://host:8000/v1), got {u.base_url!r}")
     _check(u.timeout_s > 0, "env.user.timeout_s", "must be > 0")
     _check(u.api_key_env is None or u.api_key_env.isidentifier(), "env.user.api_key_env",
            f"must name an environment variable (the key itself never goes in the config), got {u.api_key_env!r}")
@@ -287,6 +314,7 @@ def validate(cfg: Config) -> Config:
     if p.router_url is not None:
         _check(p.router_url.startswith(("http://", "https://")), "policy.router_url", f"must start with http:// or https://, got {p.router_url!r}")
     _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
+    _check(p.on_length in ON_LENGTH, "policy.on_length", f"must be one of {ON_LENGTH}, got {p.on_length!r}")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
     _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")

@@ -259,7 +259,7 @@ def run_eval(cfg: "Config", progress: bool = True) -> dict[str, Any]:
         (seconds, from pool start to the last result); the same is written to ``eval.json``.
 
     Raises:
-        KeyError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
+        rollout.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
     from tqdm import tqdm

@@ -34,6 +34,9 @@ STALE = "stale"
 ZERO_VARIANCE = "zero_variance"
 GROUP_DROPPED = "group_dropped"  # a member could not be trained and was not (or no longer) re-run
 GROUP_CANCELLED = "group_cancelled"  # the group was abandoned (surplus of dynamic sampling)
+# The group totals GroupAssembler.counts always has (0 until counted); ``excluded_<reason>`` keys
+# are added as exclusions happen.
+GROUP_COUNTERS = ("groups_kept", "groups_filtered", "groups_dropped", "groups_cancelled", "members_rerun")
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class GroupAssembler:
         self._closed: dict[str, str] = {}  # group id -> why it was dropped (late members are excluded with it)
         self._ready: collections.deque[list[TrainingSample]] = collections.deque()
         self.excluded: collections.deque[Excluded] = collections.deque()
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter(dict.fromkeys(GROUP_COUNTERS, 0))
         self._late: list[Rerun] = []  # re-runs decided by pop_ready
 
     # -- bookkeeping -------------------------------------------------------------------------

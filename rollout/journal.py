@@ -52,7 +52,7 @@ _VOLATILE = {
     "policy.router_url", "policy.request_timeout_s", "policy.max_request_retries", "policy.backend_outage_timeout_s", "policy.api_key_env",
     "env.user.base_url", "env.user.api_key_env", "env.user.timeout_s", "env.user.max_retries", "env.user.retry_backoff_s", "env.user.max_retry_wait_s",
     "env.step_timeout_s", "env.reward_timeout_s", "env.evaluator",  # both evaluators give the same rewards
-    "rollout.output_dir",
+    "rollout.output_dir", "rollout.keep_messages",  # where results go, and whether they carry the conversation
     "local.enabled", "local.num_servers", "local.host", "local.router_port", "local.startup_timeout_s",
 }
 
@@ -100,10 +100,17 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+# The files whose content is a run's data: a directory where all are empty or missing holds no
+# run, whatever else is there (a run that stopped before submitting anything, e.g. on a failed
+# preflight, leaves only run.json, summary.json and config.yaml: nothing to resume or to lose).
+DATA_FILES = (SPECS_FILE, EPISODES_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl")
+
+
 def holds_run(output_dir: str | Path) -> bool:
-    """True when ``output_dir`` holds results of a run (a journal or any result file)."""
+    """True when ``output_dir`` holds data of a run: a journaled spec or episode, or a result line
+    (see :data:`DATA_FILES`)."""
     d = Path(output_dir)
-    return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in RUN_FILES if f != "config.yaml")
+    return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in DATA_FILES)
 
 
 class RunJournal:

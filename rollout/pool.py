@@ -61,6 +61,11 @@ logger = logging.getLogger(__name__)
 RemoteRolloutWorker = ray.remote(RolloutWorker)
 
 PAUSE_MODES = ("abort", "in_place", "retract")
+# The running totals RolloutPool.stats() always has (0 until something is counted), besides one
+# ``status_<status>`` per EpisodeStatus and the group assembler's totals.
+POOL_COUNTERS = ("episodes_submitted", "episodes_delivered", "episodes_restored", "episodes_interrupted", "episodes_continued",
+                 "episodes_restarted", "episode_retries", "episodes_cancelled_outstanding", "episodes_undelivered",
+                 "weight_updates", "generate_calls_paused")
 # The Ray head (GCS) unreachable this long ends the run (Ray itself kills a driver whose GCS is
 # gone for 60 s, gcs_rpc_server_reconnect_timeout_s, before it could write anything).
 HEAD_LOST_AFTER_S = 10.0
@@ -237,7 +242,8 @@ class RolloutPool:
         self._member_spec: dict[tuple[str, int], EpisodeSpec] = {}
         self.policy = TrainingPolicy.from_config(r)
         self._assembler = GroupAssembler(self.policy, r.on_group_failure, r.max_member_reruns, r.filter_groups)
-        self._counts: collections.Counter[str] = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(POOL_COUNTERS, 0))
+        self._counts.update(dict.fromkeys((f"status_{st.value}" for st in EpisodeStatus), 0))
         self._weight_version = _as_version(r.weight_version)
         self._paused: str | None = None
         self._admin_loop: _AdminLoop | None = None
@@ -258,13 +264,23 @@ class RolloutPool:
         """Connect to (or start) Ray and create the actors; returns once every actor is ready.
 
         Raises:
+            rollout.preflight.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
+                ``pool.ray_address`` does not answer (one line, before any actor starts).
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
         """
         if self._started:
             return self
+        from rollout.preflight import PreflightError, check_ray_address
+        from rollout.tokenizer import TokenizerSourceError, check_tokenizer_source
+
+        try:  # one line in seconds, where Ray would wait minutes or every actor fail to start
+            check_tokenizer_source(self.cfg.policy.tokenizer)
+        except TokenizerSourceError as e:
+            raise PreflightError(str(e)) from None
         if not ray.is_initialized():
+            check_ray_address(self.cfg.pool.ray_address)
             address = _ray_address(self.cfg.pool.ray_address)
             # Ray >= 2.5x turns token auth on for a new local cluster and warns that it did at
             # every start; the local cluster is ours and the behaviour is the one we want.
@@ -499,7 +515,7 @@ class RolloutPool:
         self._delivered.add(result.spec.episode_id)
         self._count_result(result)
         if self._journal is not None:
-            self._journal.record(result.to_sample())
+            self._journal.record(result.to_sample(self.cfg.rollout.keep_messages))
 
     def _check_health(self) -> None:
         """End the run (raising :class:`RunAborted`) when no actor has been healthy for
@@ -627,7 +643,7 @@ class RolloutPool:
         r = self._next_result(timeout_s)
         if r is None:
             return False
-        self._submit_reruns(self._assembler.add(r.to_sample(), self._weight_version))
+        self._submit_reruns(self._assembler.add(r.to_sample(self.cfg.rollout.keep_messages), self._weight_version))
         return True
 
     def _pop_ready(self, limit: int | None = None) -> list[list[TrainingSample]]:
@@ -642,7 +658,7 @@ class RolloutPool:
         ``rollout.max_staleness``, is not yielded: it goes to :meth:`excluded`.
         """
         while (r := self._next_result(timeout_s)) is not None:
-            s = r.to_sample()
+            s = r.to_sample(self.cfg.rollout.keep_messages)
             self._assembler.forget_member(s.group_id)
             reason = self.policy.exclusion(s, self._weight_version)
             if reason is None:
@@ -789,7 +805,7 @@ class RolloutPool:
             r = InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
             self._delivered.add(spec.episode_id)
             self._count_result(r)
-            self._assembler.add(r.to_sample(), self._weight_version)
+            self._assembler.add(r.to_sample(self.cfg.rollout.keep_messages), self._weight_version)
         by_actor: dict[int, list[str]] = collections.defaultdict(list)
         for spec, i, _ in self._inflight.values():
             by_actor[i].append(spec.episode_id)
@@ -1001,7 +1017,11 @@ class RolloutPool:
     def stats(self) -> dict[str, Any]:
         """Running totals: episodes submitted / delivered / outstanding, per status, interrupted
         and continued episodes, group outcomes (kept, filtered, dropped, cancelled, members
-        re-run), exclusions by reason, weight updates, the current weight version."""
+        re-run), exclusions by reason, weight updates, the current weight version.
+
+        Every key of :data:`POOL_COUNTERS`, ``status_<status>`` for every status and the group
+        totals (:data:`rollout.groups.GROUP_COUNTERS`) is present from the start, 0 until counted
+        (a resumed run with nothing left to run has submitted nothing in this session)."""
         out: dict[str, Any] = dict(self._counts)
         out.update(self._assembler.counts)
         out.update(episodes_outstanding=self.num_outstanding, weight_version=self._weight_version)

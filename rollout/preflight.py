@@ -383,6 +383,113 @@ def check_benchmark(cfg: Config) -> None:
         raise PreflightError(str(e)) from None
 
 
+def check_modules(cfg: Config) -> None:
+    """The optional packages the config asks for can be imported here (looked up, not imported):
+    ``torch`` for ``local.backend=tiny`` (the ``tiny`` extra) with ``local.enabled``; ``litellm``
+    for ``env.user.kind=llm``. (``pool.event_loop=uvloop`` is checked on the actors' nodes, by the
+    pool once they are up.)
+
+    Raises:
+        PreflightError: one line naming the key and the install command.
+    """
+    if cfg.local.enabled and cfg.local.backend == "tiny" and not _importable("torch"):
+        raise PreflightError("local.backend=tiny needs torch, which is not installed here: pip install 'tau-rollout[tiny]' "
+                             "(torch==2.13.0 is the CPU build), or choose local.backend=gold_replay")
+    if cfg.env.user.kind == "llm" and not _importable("litellm"):
+        raise PreflightError("env.user.kind=llm needs litellm, which is not installed here: pip install litellm")
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported (found on the path and not masked in ``sys.modules``)."""
+    import importlib.util
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_tokenizer_loads(name: str) -> None:
+    """``policy.tokenizer`` names something loadable (:func:`rollout.tokenizer.check_tokenizer_source`:
+    no network wait for a hub id that is neither cached nor reachable), and it loads (once per
+    process: the actors and the preflight's comparison reuse nothing of it, but a failure here
+    comes before anything is started).
+
+    Raises:
+        PreflightError: one line naming ``policy.tokenizer``, what was tried and what to pass instead.
+    """
+    from rollout.tokenizer import TokenizerSourceError, check_tokenizer_source, load_tokenizer
+
+    try:
+        check_tokenizer_source(name)
+    except TokenizerSourceError as e:
+        raise PreflightError(str(e)) from None
+    try:
+        load_tokenizer(name)
+    except Exception as e:  # noqa: BLE001  (any load failure is one line)
+        raise PreflightError(f"policy.tokenizer={name} does not load: {_one_line(f'{type(e).__name__}: {e}', 300)}; "
+                             "pass builtin:qwen3 or a local folder with a chat model's tokenizer files") from None
+
+
+# How long check_ray_address waits for a named Ray cluster to accept a connection (seconds): a
+# head started just before the job (`ray start --head` in the same script) takes a few seconds to
+# listen; ray.init itself waits for minutes on an address where nothing ever will.
+RAY_ADDRESS_WAIT_S = 20.0
+
+
+def check_ray_address(address: str | None, timeout_s: float = RAY_ADDRESS_WAIT_S) -> None:
+    """``pool.ray_address`` (or ``RAY_ADDRESS`` when it is null) answers, when it names a cluster
+    by ``host:port`` or ``ray://host:port``: a TCP connection to it opens within ``timeout_s``
+    (tried every half second, for a head that is still starting). ``None``, ``auto`` and
+    ``local`` are left to Ray (``auto`` fails at once when no cluster runs).
+
+    Raises:
+        PreflightError: one line naming the key, the address and what to do.
+    """
+    key = "pool.ray_address"
+    if address is None:
+        address, key = os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS (pool.ray_address is null)"
+    if address is None or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = hostport.rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise PreflightError(f"{key}={address}: not an address of the form host:port or ray://host:port "
+                             "(or null, auto, local)")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            if time.monotonic() + 0.5 >= deadline:
+                raise PreflightError(f"{key}={address}: nothing answered there within {timeout_s:g} s ({_reason(e)}); start the "
+                                     "cluster (ray start --head) or set pool.ray_address=local for a new local one") from None
+        time.sleep(0.5)
+
+
+def check_before_start(cfg: Config) -> None:
+    """Every check that needs nothing started, in order, so that a bad value fails in seconds
+    with one line before the local stack, Ray or any actor starts: the key variables, the
+    benchmark's package, optional packages (:func:`check_modules`), ``pool.ray_address``, the
+    tokenizer (:func:`check_tokenizer_loads`) and ``rollout.output_dir``
+    (:func:`check_output_dir`). What needs the router (its workers, the served tokenizer) and the
+    user simulator's endpoint is checked by :func:`run_preflight`, once they are up.
+
+    Raises:
+        PreflightError: the first check that fails, one line.
+    """
+    check_key_variables(cfg)
+    check_benchmark(cfg)
+    check_modules(cfg)
+    check_ray_address(cfg.pool.ray_address)
+    check_tokenizer_loads(cfg.policy.tokenizer)
+    check_output_dir(cfg.rollout.output_dir)
+
+
 def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *,
                   router_timeout_s: float = 5.0, user_timeout_s: float = 30.0) -> dict:
     """Run the checks in order: the key variables and the benchmark's package
@@ -413,12 +520,7 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
         out["model_info"] = check_router(cfg.policy.router_url, api_key, timeout_s=router_timeout_s)
         check_tokenizer(out["model_info"], cfg.policy.tokenizer)
     else:
-        from rollout.tokenizer import load_tokenizer
-
-        try:
-            load_tokenizer(cfg.policy.tokenizer)
-        except Exception as e:  # noqa: BLE001
-            raise PreflightError(f"policy.tokenizer {cfg.policy.tokenizer!r} does not load: {_one_line(f'{type(e).__name__}: {e}')}") from None
+        check_tokenizer_loads(cfg.policy.tokenizer)
         logger.info("preflight: policy.router_url is not set; router and tokenizer match not checked")
     check_output_dir(cfg.rollout.output_dir)
     if check_user is not None:

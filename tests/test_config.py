@@ -65,6 +65,8 @@ def test_overrides_merge_and_coerce():
         ("env.user.max_retries=-1", "env.user.max_retries"),
         ("env.user.retry_backoff_s=-0.5", "env.user.retry_backoff_s"),
         ("env.user.max_retry_wait_s=0.1", "env.user.max_retry_wait_s"),
+        ("policy.router_url=localhost:30000", "policy.router_url"),  # a URL needs its scheme
+        ("env.user.base_url=host:8000/v1", "env.user.base_url"),
     ],
 )
 def test_bad_values_name_the_key(override, key):

@@ -206,3 +206,48 @@ def test_losing_the_ray_head_ends_the_run_with_a_summary_leaves_nothing_and_resu
     assert summary["status"] == "interrupted" and "Ray head" in summary["reason"], summary
     assert summary["undelivered"] == 8 - summary["episodes"] > 0
     _resume_and_check(out)
+
+
+def test_resuming_a_run_whose_every_episode_was_delivered_finishes_it(tmp_path):
+    """A driver killed after its last episode was journaled but before it marked the run finished
+    (and before the last group reached samples.jsonl): ``--resume`` has nothing to run, finishes
+    the run (exit 0, summary written, status finished) and writes every sample exactly once."""
+    out = tmp_path / "run"
+    first = subprocess.run(_args(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # what the killed driver leaves: run.json still "running", no summary, the last sample not yet in its view
+    state = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(dict(state, status="running", reason=None)))
+    (out / "summary.json").unlink()
+    lines = (out / "samples.jsonl").read_text().splitlines(keepends=True)
+    (out / "samples.jsonl").write_text("".join(lines[:-1]))
+
+    done = subprocess.run(_args(out, "--resume"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "config error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "8 episode(s) delivered before, 0 to run" in done.stderr
+    specs = [json.loads(line)["episode_id"] for line in (out / "specs.jsonl").read_text().splitlines()]
+    written = [s.episode_id for f in ("samples.jsonl", "failed.jsonl", "filtered.jsonl") for s in read_samples(out / f)]
+    assert len(specs) == 8 and sorted(written) == sorted(specs), "every sample exactly once, the one missing written"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["resumed_sessions"] == 1
+    assert summary["episodes"] == 8 and summary["status_counts"] == {"completed": 8} and summary["undelivered"] == 0
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+
+
+def test_an_unexpected_error_is_not_reported_as_a_config_error(monkeypatch, capsys, tmp_path):
+    """Only configuration errors say ``config error`` (exit 2); anything unexpected raised by the
+    run propagates with its traceback (Python's exit 1), never as a misleading one-liner."""
+    from rollout import cli
+
+    def boom(*a, **k):
+        raise KeyError("episodes_submitted")
+
+    config = str(ROOT / "configs" / "local.yaml")
+    # a task the domain lacks is a config error naming its key (found once the domain loads, before anything starts)
+    assert cli.main(["run", "--config", config, "--no-progress", "env.task_ids=[99999]", f"rollout.output_dir={tmp_path / 'a'}"]) == 2
+    assert "config error: env.task_ids: not tasks of domain retail: ['99999']" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_job", boom)
+    with pytest.raises(KeyError, match="episodes_submitted"):
+        cli.main(["run", "--config", config, "--no-progress", f"rollout.output_dir={tmp_path / 'b'}"])
+    assert "config error" not in capsys.readouterr().err

@@ -64,7 +64,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.config import EnvConfig
+from rollout.config import EnvConfig, TaskSelectionError
 from rollout.env.domains import DomainLoaders, load_domain
 from rollout.env.fast import PURE_TOOL_TYPES, FastPath
 from rollout.env.user import STOP, UserSimulator, UserSimulatorError, UserTools
@@ -258,15 +258,15 @@ class Tau2Domain:
         """Task ids of ``split`` (tau2 order), or ``ids`` checked against the domain.
 
         Raises:
-            KeyError: an id is not a task of the domain, or the split does not exist.
+            rollout.config.TaskSelectionError: an id is not a task of the domain, or the split does not exist (a KeyError).
         """
         if split not in self.splits:
-            raise KeyError(f"env.task_split: domain {self.name} has no split {split!r} (has {sorted(self.splits)})")
+            raise TaskSelectionError(f"env.task_split: domain {self.name} has no split {split!r} (has {sorted(self.splits)})")
         if ids is None:
             return list(self.splits[split])
         missing = [i for i in ids if str(i) not in self.tasks]
         if missing:
-            raise KeyError(f"env.task_ids: not tasks of domain {self.name}: {missing[:10]}")
+            raise TaskSelectionError(f"env.task_ids: not tasks of domain {self.name}: {missing[:10]}")
         return [str(i) for i in ids]
 
     def new_environment(self):

@@ -84,7 +84,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.config import EnvConfig
+from rollout.config import EnvConfig, TaskSelectionError
 from rollout.env.tau2_env import Action, EnvironmentStepError, KillableChild, RewardError, ToolTimeoutError, _SandboxTimeout
 from rollout.env.tau_bench_child import child_main
 from rollout.env.user import STOP, UserSimulatorError, user_api_key
@@ -504,10 +504,10 @@ class TauBenchDomain:
         concrete split a bare index ``"5"`` stands for ``"{split}-5"``.
 
         Raises:
-            KeyError: the split does not exist, or an id is not a task of the domain.
+            rollout.config.TaskSelectionError: the split does not exist, or an id is not a task of the domain (a KeyError).
         """
         if split not in self.splits:
-            raise KeyError(f"env.task_split: tau-bench {self.name} has no split {split!r} (has {sorted(self.splits)})")
+            raise TaskSelectionError(f"env.task_split: tau-bench {self.name} has no split {split!r} (has {sorted(self.splits)})")
         if ids is None:
             return list(self.splits[split])
         out: list[str] = []
@@ -521,7 +521,7 @@ class TauBenchDomain:
             else:
                 missing.append(str(i))
         if missing:
-            raise KeyError(f"env.task_ids: not tasks of tau-bench {self.name}: {missing[:10]} (ids are '<split>-<index>', e.g. 'test-0')")
+            raise TaskSelectionError(f"env.task_ids: not tasks of tau-bench {self.name}: {missing[:10]} (ids are '<split>-<index>', e.g. 'test-0')")
         return out
 
     def new_sandbox(self, evaluator: bool = False, log_level: str = "ERROR", startup_timeout_s: float = 120.0) -> TauBenchToolSandbox:
