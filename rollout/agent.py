@@ -552,16 +552,7 @@ class TrainableAgent:
             raise ValueError("no tools_info / wiki: pass them to the agent, or use an environment that has them (make_env)")
         policy, passthrough, seed = policy_config(self.policy, rollout_args, sampling_params)
         chat = await asyncio.to_thread(self._prepare, self._tokenizer_source(rollout_args), tools, self._template_kwargs(rollout_args))
-        settings = EpisodeSettings(
-            max_steps=int(max_num_steps),
-            max_new_tokens=policy.sampling.max_new_tokens,
-            max_context_tokens=policy.max_context_tokens,
-            on_parse_error=policy.on_parse_error,
-            system_prompt=wiki,
-            tool_names=_tool_names(tools),
-            stop=tuple(policy.sampling.stop),
-            tokenize_timeout_s=policy.tokenize_timeout_s,
-        )
+        settings = EpisodeSettings.from_policy(policy, max_steps=max_num_steps, system_prompt=wiki, tool_names=_tool_names(tools))
         eid = episode_id or f"asolve/{domain}/{task_id}/{uuid.uuid4().hex[:12]}"
         spec = EpisodeSpec(
             episode_id=eid, domain=domain, task_id=task_id, group_id=group_id or f"{domain}/{task_id}", sample_index=int(sample_index),

@@ -40,8 +40,11 @@ from rollout.records import InteractionResult
 logger = logging.getLogger(__name__)
 
 # Episode settings of the check, applied before the user's overrides: long enough episodes (10+
-# turns) with short turns, one sample per task.
-CHECK_DEFAULTS = ["env.max_steps=12", "policy.sampling.max_new_tokens=32", "env.user.max_tokens=24", "rollout.n_samples_per_task=1"]
+# turns) with short turns, one sample per task. Short turns are cut at max_new_tokens, and
+# policy.on_length=keep carries them on (the check is of tokens and log-probs over many turns, not
+# of what a cut turn should become).
+CHECK_DEFAULTS = ["env.max_steps=12", "policy.sampling.max_new_tokens=32", "policy.on_length=keep", "env.user.max_tokens=24",
+                  "rollout.n_samples_per_task=1"]
 
 
 class RecordingProxy:

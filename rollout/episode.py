@@ -65,6 +65,9 @@ class EpisodeSettings:
             that straddles the interruption, which no single server call could see).
         tokenize_timeout_s: bound on each tokenizer call made in a thread
             (``policy.tokenize_timeout_s``).
+        on_length: what a turn cut at ``max_new_tokens`` becomes (``policy.on_length``):
+            ``truncate`` ends the episode ``truncated`` (termination reason ``turn_length``);
+            ``keep`` uses the cut text as the turn.
     """
 
     max_steps: int
@@ -76,6 +79,27 @@ class EpisodeSettings:
     partial_rollout: str = "continue"
     stop: tuple[str, ...] = ()
     tokenize_timeout_s: float = PolicyConfig.tokenize_timeout_s
+    on_length: str = PolicyConfig.on_length
+
+    @classmethod
+    def from_policy(cls, policy: PolicyConfig, *, max_steps: int, system_prompt: str, tool_names: tuple[str, ...] | list[str],
+                    partial_rollout: str = "continue") -> EpisodeSettings:
+        """The settings for ``policy`` (the ``policy`` section: sampling budget and stop strings,
+        context bound, parse-error and length policies, tokenizer timeout), with the environment's
+        ``max_steps``, system prompt and tool names; one construction for every path (the
+        worker, ``asolve``)."""
+        return cls(
+            max_steps=int(max_steps),
+            max_new_tokens=policy.sampling.max_new_tokens,
+            max_context_tokens=policy.max_context_tokens,
+            on_parse_error=policy.on_parse_error,
+            system_prompt=system_prompt,
+            tool_names=tuple(tool_names),
+            partial_rollout=partial_rollout,
+            stop=tuple(policy.sampling.stop),
+            tokenize_timeout_s=policy.tokenize_timeout_s,
+            on_length=policy.on_length,
+        )
 
 
 def request_id(spec: EpisodeSpec, request: int) -> str:
@@ -356,18 +380,24 @@ async def run_episode(
             # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
             traj.append_context(chat.eot_ids)
             meta["turn_boundary_repairs"] += 1
-        if turn.finish_type == "length":
+        cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
+        if cut:
             meta["length_finishes"] += 1
+            context_full = settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0  # no room for another turn
+            if context_full or settings.on_length == "truncate":
+                # the cut text never reaches the user or a tool as if it were the whole turn
+                messages.append({"role": "assistant", "content": text, **cut})
+                return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
 
         try:
             parsed = parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
         except ParseError as e:
             meta["parse_errors"] += 1
-            messages.append({"role": "assistant", "content": text})
+            messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
             if settings.on_parse_error == "abort":
                 return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
             feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
-            messages.append(feedback)
+            messages.append({**feedback, "format_feedback": True})
             try:
                 delta = await _delta_ids(settings, chat, feedback)
             except TokenizeTimeout as te:
@@ -376,7 +406,8 @@ async def run_episode(
                 return finish(EpisodeStatus.TRUNCATED, "context")
             continue
 
-        messages.append(parsed.to_message())
+        call_id = f"call_{meta['turns']}"
+        messages.append({**parsed.to_message(call_id), **cut})
         if parsed.tool_call is not None:
             action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
         else:
@@ -394,13 +425,14 @@ async def run_episode(
         except Exception as e:  # a bug in environment code must not crash the actor
             return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
         meta["tool_errors"] += int(bool(info.get("tool_error")))
+        answer = _observation_message(observation, info, parsed, call_id)
         if done:
             reward = float(r)
             meta["reward_info"] = info.get("reward_info")
-            messages.append({"role": info.get("role", "user"), "content": observation})
+            messages.append(answer)
             return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
-        nxt = {"role": "tool" if info.get("role") == "tool" else "user", "content": observation}
-        messages.append(nxt)
+        nxt = {"role": "tool" if answer["role"] == "tool" else "user", "content": observation}  # what the template renders
+        messages.append(answer)
         try:
             delta = await _delta_ids(settings, chat, nxt)
         except TokenizeTimeout as e:
@@ -408,6 +440,18 @@ async def run_episode(
         if not _append_delta(traj, delta, settings):
             return finish(EpisodeStatus.TRUNCATED, "context")
     return finish(EpisodeStatus.MAX_STEPS, "max_steps")
+
+
+def _observation_message(observation: str, info: dict[str, Any], parsed, call_id: str) -> dict[str, Any]:
+    """The conversation's record of what answered an assistant turn: a tool result as OpenAI's
+    ``{"role": "tool", "tool_call_id", "name", "content"}`` (with ``"error": true`` when the tool
+    failed, as tau2's ``ToolMessage.error``), else the user's turn ``{"role": "user", "content"}``."""
+    if info.get("role") == "tool" and parsed.tool_call is not None:
+        msg = {"role": "tool", "tool_call_id": call_id, "name": parsed.tool_call.name, "content": observation}
+        if info.get("tool_error"):
+            msg["error"] = True
+        return msg
+    return {"role": info.get("role", "user"), "content": observation}
 
 
 def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: EpisodeSettings) -> bool:

@@ -13,6 +13,14 @@ they are written from :meth:`rollout.pool.RolloutPool.stream`:
 
 Every episode is on exactly one line of one file. Lines are flushed as results arrive. A resumed
 run (:mod:`rollout.journal`) appends to the same files and skips what they already hold.
+
+What the agent did is on the same line, under ``messages``: the conversation as OpenAI chat
+messages (the user's turns, the assistant's replies and tool calls, the tool results; see
+:class:`~rollout.records.TrainingSample` for the marks on cut and unparseable turns), also in the
+journal's ``episodes.jsonl`` and on the trainer API's samples; ``null`` with
+``rollout.keep_messages=false``. ``summary.json`` counts, besides statuses and rewards, the turns
+cut at ``policy.sampling.max_new_tokens`` (``length_cut_turns``) and the episodes such a cut ended
+(``episodes_ended_by_turn_length``, ``policy.on_length=truncate``).
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ class RunStats:
         self.generated_tokens = 0
         self.repairs = 0
         self.parse_errors = 0
+        self.length_cut_turns = 0
+        self.ended_by_turn_length = 0
 
     def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
         m = s.metadata
@@ -81,6 +91,8 @@ class RunStats:
         self.generated_tokens += int(sum(s.loss_mask))
         self.repairs += int(m.get("turn_boundary_repairs", 0) or 0)
         self.parse_errors += int(m.get("parse_errors", 0) or 0)
+        self.length_cut_turns += int(m.get("length_finishes", 0) or 0)
+        self.ended_by_turn_length += int(m.get("termination_reason") == "turn_length")
 
     def summary(self) -> dict[str, Any]:
         wall = max(time.monotonic() - self.t0, 1e-9)
@@ -96,6 +108,10 @@ class RunStats:
             "generated_tokens": self.generated_tokens,
             "turn_boundary_repairs": self.repairs,
             "parse_errors": self.parse_errors,
+            # turns cut at policy.sampling.max_new_tokens or by the context window (policy.on_length),
+            # and the episodes such a cut ended (status truncated, termination_reason turn_length)
+            "length_cut_turns": self.length_cut_turns,
+            "episodes_ended_by_turn_length": self.ended_by_turn_length,
             "errors": [{"kind": k, "count": n} for k, n in self.errors.most_common()],
             "wall_s": wall,
             "episodes_per_s": self.episodes / wall,

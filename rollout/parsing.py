@@ -46,15 +46,22 @@ class ParsedTurn:
     tool_call: ToolCall | None
     reasoning: str | None = None
 
-    def to_message(self) -> dict[str, Any]:
-        """The OpenAI-style assistant message (for logs and tau2's evaluator)."""
+    def to_message(self, call_id: str | None = None) -> dict[str, Any]:
+        """The OpenAI chat-completions assistant message: ``content``, ``reasoning_content`` when the
+        turn had a ``<think>`` block, and for a tool call ``tool_calls: [{"id", "type": "function",
+        "function": {"name", "arguments"}}]`` with ``arguments`` a JSON string, as OpenAI sends it
+        (and as tau2's ``to_litellm_messages`` writes its own messages).
+
+        Args:
+            call_id: the tool call's id (the tool message that answers it carries it as
+                ``tool_call_id``); ``None``: ``"call_0"``.
+        """
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning is not None:
             msg["reasoning_content"] = self.reasoning
         if self.tool_call is not None:
-            msg["tool_calls"] = [
-                {"type": "function", "function": {"name": self.tool_call.name, "arguments": self.tool_call.arguments}}
-            ]
+            msg["tool_calls"] = [{"id": call_id or "call_0", "type": "function",
+                                  "function": {"name": self.tool_call.name, "arguments": json.dumps(self.tool_call.arguments, ensure_ascii=False)}}]
         return msg
 
 

@@ -23,7 +23,9 @@ class EpisodeStatus(str, enum.Enum):
 
     Policy outcomes (the policy's own doing, trainable by default): ``COMPLETED``, ``MAX_STEPS``
     (the agent used ``env.max_steps`` turns without ending the conversation), ``TRUNCATED`` (the
-    context window ``policy.max_context_tokens`` is full: slime's ``TRUNCATED``), ``PARSE_ERROR``
+    context window ``policy.max_context_tokens`` is full, termination reason ``context``; or a turn
+    was cut at ``policy.sampling.max_new_tokens`` with ``policy.on_length=truncate``,
+    ``turn_length``: slime's ``TRUNCATED``), ``PARSE_ERROR``
     (unparseable tool call with ``on_parse_error=abort``), ``TOOL_TIMEOUT`` (a tool call the model
     wrote ran past the step timeout and was killed).
 
@@ -279,7 +281,7 @@ class InteractionResult:
         status: how it ended.
         reward: tau2's reward in [0, 1]; 0.0 when no reward was computed (see ``status``).
         trajectory: token record (``None`` only if the episode failed before its first prompt).
-        messages: the OpenAI-style conversation (system, user, assistant, tool), for inspection.
+        messages: the conversation as OpenAI chat messages (see :attr:`TrainingSample.messages`).
         metadata: turns, termination reason, timings (seconds), token counts, turn-boundary
             repairs, reward breakdown, error text.
     """
@@ -291,8 +293,13 @@ class InteractionResult:
     messages: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def to_sample(self) -> "TrainingSample":
-        """Turn the result into a training sample (metadata gets the spec's identifiers)."""
+    def to_sample(self, messages: bool = True) -> "TrainingSample":
+        """Turn the result into a training sample (metadata gets the spec's identifiers).
+
+        Args:
+            messages: keep the conversation (``rollout.keep_messages``); False leaves
+                :attr:`TrainingSample.messages` ``None`` (for space).
+        """
         traj = self.trajectory or Trajectory(prompt_ids=[])
         traj.check()
         meta = dict(self.metadata)
@@ -316,6 +323,7 @@ class InteractionResult:
             group_id=self.spec.group_id,
             sample_index=self.spec.sample_index,
             metadata=meta,
+            messages=[dict(m) for m in self.messages] if messages else None,
         )
 
 
@@ -329,6 +337,17 @@ class TrainingSample:
     ``/generate`` call of the episode, in order (the server's ``meta_info["weight_version"]``);
     ``generation_spans[j] = [start, end)`` are the response indices call ``j`` sampled (see
     :class:`Trajectory`); :meth:`token_weight_versions` spreads the versions over the tokens.
+
+    ``messages`` is the conversation the agent had, as OpenAI chat-completions messages (``None``
+    with ``rollout.keep_messages=false``): ``system`` (the policy and tools prompt), ``user``
+    (the simulated user's turns), ``assistant`` (``content``, ``reasoning_content`` for a
+    ``<think>`` block, ``tool_calls: [{"id", "type": "function", "function": {"name",
+    "arguments": JSON string}}]``) and ``tool`` (``tool_call_id``, ``name``, ``content``, and
+    ``"error": true`` when the tool failed). Marks added by the loop: ``"finish_reason":
+    "length"`` on a turn cut at ``max_new_tokens``, ``"parse_error": reason`` on an assistant turn
+    that did not parse (its raw text as ``content``), ``"format_feedback": true`` on the user
+    message the loop sent back about it. It is for reading what happened; the token fields are
+    the training data (decoding them gives the same text).
     """
 
     tokens: list[int]
@@ -342,6 +361,7 @@ class TrainingSample:
     metadata: dict[str, Any] = field(default_factory=dict)
     weight_versions: list[str | None] = field(default_factory=list)
     generation_spans: list[list[int]] = field(default_factory=list)
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def episode_id(self) -> str:
@@ -385,6 +405,7 @@ class TrainingSample:
             "rollout_log_probs": list(self.rollout_log_probs), "reward": self.reward, "status": self.status,
             "group_id": self.group_id, "sample_index": self.sample_index, "metadata": copy.deepcopy(self.metadata),
             "weight_versions": list(self.weight_versions), "generation_spans": [list(s) for s in self.generation_spans],
+            "messages": copy.deepcopy(self.messages),
         }
 
     @classmethod

@@ -215,17 +215,8 @@ class RolloutWorker:
                 + self.template_report.summary()
             )
         logger.debug("chat template probe for %s:\n%s", policy_cfg.tokenizer, self.template_report.summary())
-        self.settings = EpisodeSettings(
-            max_steps=env_cfg.max_steps,
-            max_new_tokens=policy_cfg.sampling.max_new_tokens,
-            max_context_tokens=policy_cfg.max_context_tokens,
-            on_parse_error=policy_cfg.on_parse_error,
-            system_prompt=self.domain.system_prompt,
-            tool_names=tuple(self.domain.tool_names),
-            partial_rollout=partial_rollout,
-            stop=tuple(policy_cfg.sampling.stop),
-            tokenize_timeout_s=policy_cfg.tokenize_timeout_s,
-        )
+        self.settings = EpisodeSettings.from_policy(policy_cfg, max_steps=env_cfg.max_steps, system_prompt=self.domain.system_prompt,
+                                                    tool_names=self.domain.tool_names, partial_rollout=partial_rollout)
         self.max_concurrent_episodes = max_concurrent_episodes
         self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
         self.sandbox = self.domain.new_sandbox(evaluator=env_cfg.evaluator == "tau2", log_level=logging_cfg.tau2_level)

@@ -54,8 +54,10 @@ def _script(cases):
 
 async def _run_corpus(tokenizer, cases, mode):
     async with ScriptedPolicyServer(tokenizer, _script(cases)) as server:
+        # on_length=keep: two cases are turns cut at the length budget (unclosed <tool_call> /
+        # <think>), kept so that their parse outcome is what is checked (truncate: tests/test_on_length.py)
         cfg = load_config(None, [f"policy.router_url={server.url}", f"policy.on_parse_error={mode}", "env.max_steps=4",
-                                 "policy.sampling.max_new_tokens=30000"])
+                                 "policy.sampling.max_new_tokens=30000", "policy.on_length=keep"])
         worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=8)
         specs = [EpisodeSpec(f"corpus/{c['name']}", "retail", "0", f"corpus/{c['name']}", 0) for c in cases]
         try:

@@ -44,6 +44,13 @@ def test_cli_runs_the_local_stack_end_to_end(tmp_path):
     assert len(sample["loss_mask"]) == len(sample["rollout_log_probs"]) == sample["response_length"]
     for key in ["task_id", "domain", "turns", "termination_reason", "timings"]:
         assert key in sample["metadata"]
+    # the conversation, in the result file and in the journal (tests/test_conversation.py checks it against the tokens)
+    journaled = {json.loads(x)["metadata"]["episode_id"]: json.loads(x)["messages"] for x in (out / "episodes.jsonl").read_text().splitlines()}
+    for line in lines:
+        s = json.loads(line)
+        roles = [m["role"] for m in s["messages"]]
+        assert roles[:2] == ["system", "user"] and "assistant" in roles and "tool" in roles, roles
+        assert journaled[s["metadata"]["episode_id"]] == s["messages"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status_counts"] == {"completed": 4}
     assert summary["mean_reward_per_domain"] == {"retail": 1.0}
@@ -93,8 +100,9 @@ def test_ray_job_submit_to_a_local_head(ray_head, tmp_path):
 @pytest.mark.ray
 @pytest.mark.torch
 def test_grpo_loop_through_ray_job_submit(ray_head, tmp_path):
-    """launch/train_grpo_tiny.py as a Ray job: two steps, one weight update between them, every
-    episode delivered exactly once and log-probs exact under the weights that sampled them."""
+    """launch/train_grpo_tiny.py as a Ray job: two steps, one weight update between them that
+    interrupts step 1's episodes, every episode delivered exactly once and log-probs exact under
+    the weights that sampled them."""
     pytest.importorskip("torch")
     out = tmp_path / "grpo"
     submit = _submit(ray_head, "--entry", "launch/train_grpo_tiny.py", "--", "--config", "configs/local.yaml", "local.backend=tiny",
@@ -105,6 +113,7 @@ def test_grpo_loop_through_ray_job_submit(ray_head, tmp_path):
     assert [line["step"] for line in log] == [0, 1] and [line["weight_version"] for line in log] == [1, 2]
     assert all(line["groups_used"] == 1 and line["max_abs_logprob_diff"] <= 1e-3 for line in log)
     assert all(line["logprob_tokens_checked"] > 0 and line["update_norm"] > 0 for line in log)
+    assert log[0]["update_interrupted_calls"] >= 1, log[0]  # the job exits 1 otherwise (no --allow-idle-updates)
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["exactly_once"] and summary["duplicates"] == summary["missing"] == 0
     assert summary["episodes_submitted"] == summary["episodes_delivered"] >= 4
