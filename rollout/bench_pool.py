@@ -165,14 +165,15 @@ def own_cpu_s(pid: int) -> float:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident memory of ``pid`` and its descendants, bytes (processes that vanish count 0)."""
-    total = 0
-    for p in _tree(pid):
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
+    """Resident memory of ``pid`` and its descendants, bytes, as the memory bench counts it
+    (:func:`rollout.sizing.sample_tree`: a child between ``vfork`` and ``exec`` is not counted
+    with its parent's memory a second time); 0 when ``pid`` is gone."""
+    from rollout.sizing import sample_tree
+
+    try:
+        return sample_tree(psutil.Process(pid)).rss
+    except psutil.Error:
+        return 0
 
 
 def _machine_times() -> tuple[float, float]:

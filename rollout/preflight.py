@@ -414,9 +414,9 @@ def _importable(module: str) -> bool:
 
 def check_tokenizer_loads(name: str) -> None:
     """``policy.tokenizer`` names something loadable (:func:`rollout.tokenizer.check_tokenizer_source`:
-    no network wait for a hub id that is neither cached nor reachable), and it loads (once per
-    process: the actors and the preflight's comparison reuse nothing of it, but a failure here
-    comes before anything is started).
+    no network wait for a hub id that is neither cached nor reachable), and it loads, before
+    anything is started (loaded once per process and cached: the preflight's comparison with the
+    served tokenizer, :func:`check_tokenizer`, reuses it).
 
     Raises:
         PreflightError: one line naming ``policy.tokenizer``, what was tried and what to pass instead.

@@ -43,6 +43,17 @@ child.wait()
 """
 
 
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a helper process that exits when its stdin closes (killed if it has not within 30 s)."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+
 @pytest.fixture
 def shared_tree(tmp_path):
     """A root process and its child, both mapping one 32 MiB file shared: ``(root pid, child pid)``."""
@@ -55,13 +66,7 @@ def shared_tree(tmp_path):
         assert line.isdigit(), f"tree script failed: {line!r}"
         yield root.pid, int(line)
     finally:
-        root.stdin.close()
-        try:
-            root.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            root.kill()
-            root.wait()
-        root.stdout.close()
+        _stop(root)
 
 
 @linux_only
@@ -148,13 +153,7 @@ def test_child_sharing_the_parents_address_space_is_not_counted_twice(how, monke
         assert s.pids == (helper.pid, forked_pid)  # the forked child has its own pages: counted
         assert s.pss is not None and s.pss <= s.rss
     finally:
-        helper.stdin.close()
-        try:
-            helper.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
-        helper.stdout.close()
+        _stop(helper)
 
 
 def _sample(t: float, *procs: tuple[int, int, int | None]) -> TreeSample:
