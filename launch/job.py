@@ -15,7 +15,7 @@ import sys
 # when the cluster's environment has only the dependencies installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rollout.cli import main  # noqa: E402
+from rollout.app.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["run", "--no-progress", *sys.argv[1:]]))

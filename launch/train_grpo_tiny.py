@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allow-idle-updates", action="store_true",
                    help="do not exit 1 when a step's update (the last step's excepted) interrupted no /generate call")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
-    from rollout.cli import parse_args_with_overrides
+    from rollout.app.cli import parse_args_with_overrides
 
     return parse_args_with_overrides(p, argv)
 
@@ -255,7 +255,7 @@ class TinyTrainer:
     def __init__(self, tiny_cfg, vocab_size: int, temperature: float, lr: float, clip: float, start_version: int):
         import torch
 
-        from rollout.local.tiny import build_tiny_model
+        from rollout.devtools.local.tiny import build_tiny_model
 
         self.torch = torch
         self.model = build_tiny_model(vocab_size, tiny_cfg)
@@ -333,7 +333,7 @@ class TinyTrainer:
 
     def save(self, path: Path, version: int) -> Path:
         """Write the current weights for the servers and keep a snapshot under ``version``."""
-        from rollout.local.tiny import save_weights
+        from rollout.devtools.local.tiny import save_weights
 
         self.snapshots[version] = self._snapshot()
         return save_weights(self.model, path)
@@ -358,9 +358,9 @@ def train(cfg, args) -> dict:
         raise ValueError(problem)
     import torch
 
-    from rollout.policy import api_key_from_env
-    from rollout.tokenizer import load_tokenizer
-    from rollout.wiring import open_pool
+    from rollout.app.wiring import open_pool
+    from rollout.core.policy import api_key_from_env
+    from rollout.core.tokenizer import load_tokenizer
 
     if not (cfg.local.enabled and cfg.local.backend == "tiny"):
         raise ValueError("train_grpo_tiny.py trains the local stack's tiny model: set local.enabled=true local.backend=tiny")
@@ -452,8 +452,8 @@ def train(cfg, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rollout.config import ConfigError, load_config
-    from rollout.worker import setup_logging
+    from rollout.core.config import ConfigError, load_config
+    from rollout.core.logs import setup_logging
 
     problem = check_args(args)
     if problem is not None:

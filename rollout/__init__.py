@@ -1,7 +1,7 @@
 """tau-rollout: a Ray-distributed rollout actor pool producing exact tau-bench training data.
 
 Importing this package has no side effects and imports neither Ray nor tau2: the names below are
-loaded on first use. Ray is imported only by :mod:`rollout.pool` and ``launch/`` (DESIGN.md
+loaded on first use. Ray is imported only by :mod:`rollout.core.pool` and ``launch/`` (docs/design.md
 invariant 6).
 
 The public API::
@@ -18,18 +18,18 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _EXPORTS = {
-    "Config": "rollout.config",
-    "ConfigError": "rollout.config",
-    "load_config": "rollout.config",
-    "open_pool": "rollout.wiring",
-    "RolloutPool": "rollout.pool",
-    "RunAborted": "rollout.pool",
-    "Batch": "rollout.records",
-    "EpisodeSpec": "rollout.records",
-    "EpisodeStatus": "rollout.records",
-    "InteractionResult": "rollout.records",
-    "TrainingSample": "rollout.records",
-    "RunJournal": "rollout.journal",
+    "Config": "rollout.core.config",
+    "ConfigError": "rollout.core.config",
+    "load_config": "rollout.core.config",
+    "open_pool": "rollout.app.wiring",
+    "RolloutPool": "rollout.core.pool",
+    "RunAborted": "rollout.core.pool",
+    "Batch": "rollout.core.records",
+    "EpisodeSpec": "rollout.core.records",
+    "EpisodeStatus": "rollout.core.records",
+    "InteractionResult": "rollout.core.records",
+    "TrainingSample": "rollout.core.records",
+    "RunJournal": "rollout.core.journal",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,7 +1,7 @@
-"""``python -m rollout``: see :mod:`rollout.cli`."""
+"""``python -m rollout``: see :mod:`rollout.app.cli`."""
 
 import sys
 
-from rollout.cli import main
+from rollout.app.cli import main
 
 sys.exit(main())

@@ -1,6 +1,11 @@
 """Shared fixtures: tokenizer, tau2 domains, local stacks behind the real sglang-router, Ray.
 
-Servers bind to 127.0.0.1 and are stopped by the fixtures that start them.
+The tests sit in folders by tier: ``unit/`` (pure: no server, no Ray, no subprocess of the
+project), ``component/`` (against real local servers: aiohttp, the real sglang-router, real tau2
+data, child processes), ``ray/`` (a Ray cluster shared by the tier's tests, or one of their own),
+``e2e/`` (the CLI, the examples and the benches as a user runs them). Helpers they share are in
+``support/`` (imported as ``support.<module>``: this folder is on ``sys.path``). Servers bind to
+127.0.0.1 and are stopped by the fixtures that start them.
 """
 
 from __future__ import annotations
@@ -15,28 +20,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from rollout.tokenizer import load_tokenizer
+    from rollout.core.tokenizer import load_tokenizer
 
     return load_tokenizer("builtin:qwen3")
 
 
 @pytest.fixture(scope="session")
 def retail():
-    from rollout.env.tau2_env import Tau2Domain
+    from rollout.benchmarks.tau2.environment import Tau2Domain
 
     return Tau2Domain("retail")
 
 
 @pytest.fixture(scope="session")
 def airline():
-    from rollout.env.tau2_env import Tau2Domain
+    from rollout.benchmarks.tau2.environment import Tau2Domain
 
     return Tau2Domain("airline")
 
 
 def _stack(backend: str, domain: str, tmp_path_factory, **kw):
-    from rollout.config import LocalConfig
-    from rollout.local.stack import LocalStack
+    from rollout.core.config import LocalConfig
+    from rollout.devtools.local.stack import LocalStack
 
     cfg = LocalConfig(enabled=True, backend=backend, **kw)
     stack = LocalStack(cfg, domain, "builtin:qwen3", log_dir=tmp_path_factory.mktemp(f"stack-{backend}-{domain}"))

@@ -1,0 +1,276 @@
+"""Command line: ``python -m rollout {run,eval,config} --config configs/local.yaml [key=value ...]``.
+
+``run`` resolves the endpoints (starting the local stack when ``local.enabled``), starts the Ray
+pool, runs every task of the configured split ``rollout.n_samples_per_task`` times with a progress
+bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summary.json`` to
+``rollout.output_dir`` through the same training policy as the trainer API
+(:meth:`rollout.core.pool.RolloutPool.stream`) and prints a summary table. ``eval`` runs the same
+episodes and prints pass^k / pass@k (:mod:`rollout.app.evaluation`). ``config`` prints the merged
+config. A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
+``--overwrite`` replaces one. Exit status: 0 when every episode ended with a policy outcome, 3
+when some ended with an infrastructure failure, 2 on a bad config or an output directory that
+holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
+SIGINT / SIGTERM stopped it (the summary says ``interrupted``). Exit 2 is for what the user can
+fix, each one line naming the key or the file: a bad config value, a split or task the domain
+lacks, a file, folder, address or package a key names that cannot be had, a failed preflight
+check, an output directory that holds a run. Anything else is a bug and ends with Python's
+traceback (exit 1), never disguised as a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollout.core.config import Config, ConfigError, load_config
+from rollout.core.records import INFRA_STATUSES
+
+if TYPE_CHECKING:
+    from rollout.core.pool import RolloutPool
+
+logger = logging.getLogger(__name__)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The end-of-run table: statuses, what was trained and kept out, mean reward over trainable
+    episodes, repeated errors grouped one line per kind, true wall time, the files."""
+    rows = [("episodes", str(summary["episodes"]))]
+    for st, n in sorted(summary["status_counts"].items()):
+        rows.append((f"  {st}", str(n)))
+    rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
+    for reason, n in sorted(summary.get("excluded_counts", {}).items()):
+        rows.append((f"  excluded: {reason}", str(n)))
+    if summary.get("undelivered"):
+        rows.append(("not delivered (--resume runs them)", str(summary["undelivered"])))
+    for d, r in sorted(summary["mean_reward_per_domain"].items()):
+        rows.append((f"mean reward ({d}, trainable)", f"{r:.4f}"))
+    rows += [
+        ("mean turns", f"{summary['mean_turns']:.2f}"),
+        ("mean tokens / episode", f"{summary['mean_tokens']:.1f}"),
+        ("generated tokens", str(summary["generated_tokens"])),
+        ("turn-boundary repairs", str(summary["turn_boundary_repairs"])),
+        ("parse errors", str(summary["parse_errors"])),
+        ("turns cut at max_new_tokens", str(summary.get("length_cut_turns", 0))),
+        ("  episodes ended by it", str(summary.get("episodes_ended_by_turn_length", 0))),
+        ("wall time (s)", f"{summary['wall_s']:.2f}"),
+        ("episodes / s", f"{summary['episodes_per_s']:.3f}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    line = "-" * (w + 14)
+    out = [line] + [f"{k:<{w}}  {v:>10}" for k, v in rows] + [line]
+    errors = summary.get("errors") or []
+    if errors:
+        out.append("errors (one line per kind):")
+        out += [f"  {e['count']:>5} x {e['kind']}" for e in errors[:20]]
+        if len(errors) > 20:
+            out.append(f"  ... and {len(errors) - 20} more kinds (summary.json)")
+    if summary.get("status") not in (None, "finished"):
+        out.append(f"run {summary['status']}: {summary.get('reason')}")
+    return "\n".join(out)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the run before the pool was running (a ``BaseException``, like
+    ``KeyboardInterrupt``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalStop:
+    """SIGINT / SIGTERM handling for a run, as a context manager (main thread only; a no-op
+    elsewhere). While :attr:`pool` is set, a signal asks the pool to stop
+    (:meth:`rollout.core.pool.RolloutPool.interrupt`: it cancels its in-flight episodes and raises
+    ``RunInterrupted`` within about a second); before, it raises :class:`Interrupted`. A second
+    signal is ignored, so the clean-up cannot be cut short (SIGKILL still ends everything, and
+    the journal keeps what was delivered). Previous handlers are restored on exit."""
+
+    def __init__(self) -> None:
+        self.pool: RolloutPool | None = None
+        self.received: str | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            return
+        self.received = signal.Signals(signum).name
+        if self.pool is not None:
+            self.pool.interrupt(f"{self.received} received")
+        else:
+            raise Interrupted(signum)
+
+    def __enter__(self) -> "SignalStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.getsignal(sig)
+            self._install()
+        return self
+
+    def _install(self) -> None:
+        for sig in self._old:
+            signal.signal(sig, self._handle)
+
+    def attach(self, pool: "RolloutPool") -> None:
+        """Route signals to ``pool`` from now on. Installs the handlers again: ``ray.init``
+        replaces the SIGTERM handler with Ray's own, which aborts the process."""
+        self.pool = pool
+        self._install()
+
+    def __exit__(self, *exc) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+
+
+def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run the main job described by ``cfg`` as a journaled run (:mod:`rollout.core.journal`); returns
+    the summary (also written to ``summary.json``, with ``status`` ``finished`` or
+    ``interrupted`` and the ``reason``).
+
+    Args:
+        resume: finish the run ``rollout.output_dir`` holds (only its undelivered episodes run).
+        overwrite: replace the run ``rollout.output_dir`` holds.
+
+    Raises:
+        rollout.core.journal.JournalError: the output directory holds a run and neither flag was
+            given, or the config changed since (before anything starts).
+        rollout.core.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
+        RuntimeError: the local stack or an actor failed to start.
+    """
+    from tqdm import tqdm
+
+    from rollout.app.preflight import check_output_dir
+    from rollout.app.wiring import open_pool
+    from rollout.core.groups import Excluded
+    from rollout.core.journal import RunJournal
+    from rollout.core.output import RunWriter
+    from rollout.core.pool import RunAborted
+
+    check_output_dir(cfg.rollout.output_dir)  # one line, before the journal creates it
+    journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite)
+    writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
+    status, reason, undelivered = "interrupted", "the run stopped before it started", 0
+    pool = None
+    try:
+        with SignalStop() as signals, open_pool(cfg) as (rcfg, pool, task_ids):
+            (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())  # names of key variables only, never keys
+            pool.attach_journal(journal)
+            signals.attach(pool)
+            specs = pool.restore(journal) if journal.resumed else pool.submit_tasks(task_ids)
+            already = len(journal.delivered) if journal.resumed else 0
+            bar = tqdm(total=len(specs) + already, initial=already, desc=f"{cfg.env.domain} episodes", unit="ep",
+                       disable=not progress, file=sys.stderr)
+            try:
+                for item in pool.stream(excluded=True):
+                    if isinstance(item, Excluded):
+                        writer.add_excluded(item)
+                        bar.set_postfix(excluded=item.reason)
+                    else:
+                        writer.add_group(item)
+                    bar.n = len(journal.delivered)
+                    bar.total = max(bar.total, pool.stats()["episodes_submitted"] + already)  # re-runs of failed group members
+                    bar.refresh()
+                status, reason = "finished", None
+            except RunAborted as e:  # RunInterrupted (a signal), no healthy actor, the Ray head lost
+                reason, undelivered = str(e), len(e.undelivered)
+                logger.warning("run stopped: %s (journaled; --resume runs the rest)", reason)
+            finally:
+                signals.pool = None
+                bar.close()
+    except Interrupted as e:  # during start-up or shut-down
+        reason = f"{e} received"
+    finally:
+        journal.close(status, reason)
+        st = pool.stats() if pool is not None else {}
+        summary = writer.close({
+            "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
+            "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
+            "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
+            "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
+        })
+    return summary
+
+
+def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``key=value`` overrides may stand before or after options and end up in
+    ``args.overrides`` (the parser must have a positional ``overrides`` with ``nargs="*"``).
+    Anything else unknown is an error (exit 2)."""
+    args, extra = parser.parse_known_args(argv)
+    bad = [e for e in extra if e.startswith("-") or "=" not in e]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(args.overrides) + extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the rollout job")
+    run.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="finish the run in rollout.output_dir: run only its undelivered episodes")
+    mode.add_argument("--overwrite", action="store_true", help="replace the run in rollout.output_dir")
+    run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pool.num_actors=4")
+    ev = sub.add_parser("eval", help="run every task n times; print pass^k, pass@k and mean reward, write eval.json")
+    ev.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n_samples_per_task=4")
+    show = sub.add_parser("config", help="print the merged config and exit")
+    show.add_argument("--config", "-c", default=None)
+    show.add_argument("overrides", nargs="*")
+    args = parse_args_with_overrides(parser, argv)
+
+    path = args.config
+    if path is None and Path("configs/local.yaml").is_file():
+        path = "configs/local.yaml"
+    try:
+        cfg = load_config(path, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(cfg.to_yaml())
+        return 0
+
+    from rollout.app.preflight import PreflightError
+    from rollout.core.journal import JournalError
+    from rollout.core.logs import setup_logging
+
+    setup_logging(cfg.logging)
+    try:
+        if args.command == "eval":
+            from rollout.app.evaluation import EVAL_FILE, format_eval, run_eval
+
+            result = run_eval(cfg, progress=not args.no_progress)
+        else:
+            summary = run_job(cfg, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite)
+    except ConfigError as e:  # found once the domain loads: env.task_split / env.task_ids
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except (JournalError, PreflightError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "eval":
+        print(format_eval(result))
+        print(f"eval: {Path(cfg.rollout.output_dir) / EVAL_FILE}")
+        return 3 if result["infrastructure_failures"] else 0
+    print(format_summary(summary))
+    files = summary["files"]
+    print(f"samples: {files['samples.jsonl']}  (kept out of training: {files['failed.jsonl']}, {files['filtered.jsonl']})")
+    if summary["status"] != "finished":
+        print(f"resume with: python -m rollout run --resume <the same arguments>  (rollout.output_dir={cfg.rollout.output_dir})")
+        reason = summary.get("reason") or ""
+        return 130 if "SIGINT" in reason else 143 if "SIGTERM" in reason else 4
+    infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
+    return 3 if infra else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

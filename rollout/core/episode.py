@@ -1,0 +1,465 @@
+"""The episode loop: one multi-turn tau-bench conversation, token in / token out.
+
+Plain asyncio, no Ray (docs/design.md invariant 6). :func:`run_episode` is the seed's ``asolve``
+redone: the trajectory is append-only (each request's ``input_ids`` is the trajectory so far, each
+answer's ids are appended as sampled), only non-assistant messages are tokenized (as template
+deltas), every step has a timeout, and every way an episode can end is a typed
+:class:`~rollout.core.records.EpisodeStatus`. It never raises for anything a model, a tool, a user
+simulator or a server does.
+
+The event loop never calls the tokenizer: rendering, encoding and decoding run in threads
+(:func:`_off_loop`), each bounded by ``policy.tokenize_timeout_s``, because the chat template
+serialises calls into the Rust tokenizer with a lock that threads hold while they encode large
+prompts. A call past its bound ends the episode ``policy_error`` (``tokenize_timeout``).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.core.config import PolicyConfig
+from rollout.core.environment import RESPOND, Action, Environment, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
+from rollout.core.formats import ChatTemplate, ParseError, parse_turn
+from rollout.core.policy import PolicyClient, PolicyServerError
+from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory
+
+logger = logging.getLogger(__name__)
+
+PARSE_FEEDBACK = (
+    "[format error] Your last message could not be used: {error}. Reply to the user in plain text, "
+    'or call exactly one tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+)
+
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What the loop needs from the config, resolved once per actor.
+
+    Attributes:
+        max_steps: agent turns (``env.max_steps``).
+        max_new_tokens: per turn (``policy.sampling.max_new_tokens``).
+        max_context_tokens: prompt + response bound (``policy.max_context_tokens``).
+        on_parse_error: ``feedback`` | ``abort``.
+        system_prompt: the agent's system prompt.
+        tool_names: the tools the parser accepts.
+        partial_rollout: what a turn interrupted by a weight update becomes
+            (``rollout.partial_rollout``): ``continue`` | ``restart_turn`` | ``drop``.
+        stop: the stop strings of ``policy.sampling.stop`` (a continued turn is checked for one
+            that straddles the interruption, which no single server call could see).
+        tokenize_timeout_s: bound on each tokenizer call made in a thread
+            (``policy.tokenize_timeout_s``).
+        on_length: what a turn cut at ``max_new_tokens`` becomes (``policy.on_length``):
+            ``truncate`` ends the episode ``truncated`` (termination reason ``turn_length``);
+            ``keep`` uses the cut text as the turn.
+    """
+
+    max_steps: int
+    max_new_tokens: int
+    max_context_tokens: int
+    on_parse_error: str
+    system_prompt: str
+    tool_names: tuple[str, ...]
+    partial_rollout: str = "continue"
+    stop: tuple[str, ...] = ()
+    tokenize_timeout_s: float = PolicyConfig.tokenize_timeout_s
+    on_length: str = PolicyConfig.on_length
+
+    @classmethod
+    def from_policy(cls, policy: PolicyConfig, *, max_steps: int, system_prompt: str, tool_names: tuple[str, ...] | list[str],
+                    partial_rollout: str = "continue") -> EpisodeSettings:
+        """The settings for ``policy`` (the ``policy`` section: sampling budget and stop strings,
+        context bound, parse-error and length policies, tokenizer timeout), with the environment's
+        ``max_steps``, system prompt and tool names; one construction for every path (the
+        worker, ``asolve``)."""
+        return cls(
+            max_steps=int(max_steps),
+            max_new_tokens=policy.sampling.max_new_tokens,
+            max_context_tokens=policy.max_context_tokens,
+            on_parse_error=policy.on_parse_error,
+            system_prompt=system_prompt,
+            tool_names=tuple(tool_names),
+            partial_rollout=partial_rollout,
+            stop=tuple(policy.sampling.stop),
+            tokenize_timeout_s=policy.tokenize_timeout_s,
+            on_length=policy.on_length,
+        )
+
+
+def request_id(spec: EpisodeSpec, request: int) -> str:
+    """The ``rid`` of an episode's ``request``-th ``/generate`` call: ``{episode_id}@{attempt}#{request}``.
+    A re-run attempt of the episode (its actor died) gets fresh ids; the client appends
+    ``.r{n}`` to a call it retries."""
+    return f"{spec.episode_id}@{spec.attempt}#{request}"
+
+
+def parse_request_id(rid: str) -> tuple[str, int, int]:
+    """``(episode_id, attempt, request)`` of a ``rid`` made by :func:`request_id` (a ``.r{n}``
+    retry suffix is ignored).
+
+    Raises:
+        ValueError: ``rid`` is not of that form.
+    """
+    try:
+        head, request = rid.rsplit("#", 1)
+        eid, attempt = head.rsplit("@", 1)
+        return eid, int(attempt), int(request.split(".", 1)[0])
+    except ValueError:
+        raise ValueError(f"not an episode request id: {rid!r}") from None
+
+
+def _request_seed(spec: EpisodeSpec, request: int) -> int:
+    """``sampling_seed`` of an episode's ``request``-th ``/generate`` call (a continued turn's
+    second call gets a fresh seed, so it does not replay the random stream of the first)."""
+    return (spec.seed * 1_000_003 + request) % (2**31 - 1)
+
+
+class TokenizeTimeout(RuntimeError):
+    """A tokenizer call ran past ``policy.tokenize_timeout_s`` (the actor's threads are stuck or
+    overloaded): the episode ends ``policy_error`` with termination reason ``tokenize_timeout``."""
+
+
+async def _off_loop(settings: EpisodeSettings, fn, *args):
+    """``fn(*args)`` in a thread, bounded by ``settings.tokenize_timeout_s``.
+
+    Every tokenizer call of the loop goes through here, except short ones that the chat template
+    can make at once (:meth:`ChatTemplate.try_decode_now`, :meth:`ChatTemplate.try_delta_ids_now`):
+    the template serialises calls into the Rust tokenizer with a lock that threads hold while they
+    encode large prompts, and the event loop never waits on that lock.
+
+    Raises:
+        TokenizeTimeout: the call did not finish in time (its thread finishes on its own).
+    """
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), settings.tokenize_timeout_s)
+    except asyncio.TimeoutError:
+        name = getattr(fn, "__name__", "tokenizer call").lstrip("_")
+        raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
+
+
+def _prompt_trajectory(chat: ChatTemplate, messages: list[dict]) -> Trajectory:
+    """The episode's :class:`Trajectory` on its first prompt, compact (blocking: run in a thread).
+
+    The ~5k ids go into the compact record in the thread: no list of them waits on the loop (in
+    a future's result, then a frame) where the garbage collector walks every item. At 512
+    episodes per actor, lists of first-prompt and delta ids held about half the references a
+    gen-1 collection walked (a census in an actor under ``python -m rollout.bench pool``).
+    """
+    return Trajectory(prompt_ids=chat.prompt_ids(messages)).compact()
+
+
+def _delta_array(chat: ChatTemplate, messages: list[dict]) -> array.array:
+    """:meth:`ChatTemplate.delta_ids` as an int64 ``array.array`` (blocking: run in a thread)."""
+    return array.array("q", chat.delta_ids(messages))
+
+
+async def _delta_ids(settings: EpisodeSettings, chat: ChatTemplate, message: dict) -> array.array:
+    """:meth:`ChatTemplate.delta_ids` of one message as an int64 ``array.array`` (the garbage
+    collector does not walk its items while the episode holds it): on the loop when it is short
+    (see :meth:`ChatTemplate.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
+
+    Raises:
+        TokenizeTimeout: the thread did not finish in time.
+    """
+    ids = chat.try_delta_ids_now([message])
+    return array.array("q", ids) if ids is not None else await _off_loop(settings, _delta_array, chat, [message])
+
+
+@dataclass
+class _Turn:
+    """One assistant turn, possibly sampled by several ``/generate`` calls."""
+
+    ids: list[int]
+    finish_type: str
+    interruptions: int = 0
+    status: EpisodeStatus | None = None  # set when the turn ends the episode
+    error: str | None = None
+    reason: str | None = None
+
+
+async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient, chat: ChatTemplate, settings: EpisodeSettings, meta: dict[str, Any]) -> _Turn:
+    """Sample one assistant turn into ``traj``.
+
+    A call that ends ``abort`` because the pool paused generation for a weight update
+    (``Generation.interrupted``) is handled by ``settings.partial_rollout``: ``continue`` keeps
+    its tokens (sampled by the old weights, mask 1, with their log-probs and version) and asks for
+    the rest of the turn, up to the turn's ``max_new_tokens`` in all; ``restart_turn`` discards
+    the turn's tokens and samples it again; ``drop`` ends the episode ``aborted``. The next call
+    waits at the actor's gate until the update is over. Any other abort ends the episode
+    ``aborted``; a server failure ends it ``policy_error``.
+    """
+    start = traj.response_length
+    turn = _Turn(ids=[], finish_type="stop")
+    while True:
+        budget = min(settings.max_new_tokens - len(turn.ids), settings.max_context_tokens - len(traj) - len(chat.eot_ids))
+        if budget <= 0:  # the interrupted call had already used the turn's (or the context's) budget
+            turn.finish_type = "length"
+            return turn
+        n = meta["requests"]
+        try:
+            gen = await policy.generate(traj.token_array(), max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
+        except PolicyServerError as e:
+            turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
+            return turn
+        meta["requests"] += 1
+        traj.append_generated(gen.ids, gen.log_probs, gen.weight_version)
+        turn.ids += gen.ids
+        turn.finish_type = gen.finish_type
+        if gen.finish_type != "abort":
+            break
+        if not gen.interrupted:
+            turn.status, turn.reason, turn.error = EpisodeStatus.ABORTED, "abort", "the policy server aborted generation"
+            return turn
+        turn.interruptions += 1
+        meta["interruptions"] += 1
+        if settings.partial_rollout == "drop":
+            turn.status, turn.reason = EpisodeStatus.ABORTED, "weight_update"
+            turn.error = "a weight update interrupted the turn (rollout.partial_rollout=drop)"
+            return turn
+        if settings.partial_rollout == "restart_turn":
+            meta["discarded_tokens"] += traj.discard_from(start)
+            turn.ids = []
+    if turn.interruptions and settings.partial_rollout == "continue":
+        try:
+            cut = await _off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
+        except TokenizeTimeout as e:
+            turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e)
+            return turn
+        if cut is not None:  # the server would have stopped there, had the turn not been split
+            meta["discarded_tokens"] += traj.discard_from(start + cut)
+            turn.ids = turn.ids[:cut]
+            turn.finish_type = "stop"
+    return turn
+
+
+def _straddled_stop(chat: ChatTemplate, ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """For a turn sampled by several calls: the length of its shortest prefix whose text holds a
+    stop string, when that is shorter than the turn (else None). Blocking (it decodes): run it
+    in a thread.
+
+    Each call's server looks for stop strings in its own output only, so one split across an
+    interruption goes unnoticed and the turn runs on past it. Where it completes is where a single
+    call would have stopped; the tokens after it are dropped.
+
+    A prefix that holds a stop string stays holding it as tokens are added, so the shortest one is
+    found by bisection (about log2(len(ids)) decodes).
+    """
+    def holds(k: int) -> bool:
+        text = chat.decode(ids[:k])
+        return any(st in text for st in stops)
+
+    if not stops or not holds(len(ids)):
+        return None
+    lo, hi = 0, len(ids)  # holds(lo) is False (the empty prefix), holds(hi) is True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi if hi < len(ids) else None
+
+
+async def run_episode(
+    spec: EpisodeSpec,
+    env: Environment,
+    policy: PolicyClient,
+    chat: ChatTemplate,
+    settings: EpisodeSettings,
+) -> InteractionResult:
+    """Run one episode to its end.
+
+    Args:
+        spec: what to run.
+        env: a fresh environment for this episode (owns the user simulator).
+        policy: the ``/generate`` client.
+        chat: the actor's chat template (tools already bound).
+        settings: loop limits and prompt.
+
+    Returns:
+        An :class:`InteractionResult` whose trajectory satisfies invariant 1: ``tokens`` starts with
+        every request's ``input_ids`` followed by that request's generated ids; ``loss_mask`` is 1
+        exactly on generated ids; ``rollout_log_probs`` is aligned (0.0 where the mask is 0).
+    """
+    t_start = time.monotonic()
+    eid = spec.episode_id
+    meta: dict[str, Any] = {
+        "turns": 0,
+        "requests": 0,
+        "parse_errors": 0,
+        "turn_boundary_repairs": 0,
+        "length_finishes": 0,
+        "tool_errors": 0,
+        "interruptions": 0,  # /generate calls interrupted by a weight update
+        "interrupted_turns": 0,
+        "continued_turns": 0,
+        "restarted_turns": 0,
+        "discarded_tokens": 0,  # sampled tokens dropped (restart_turn, a straddled stop string)
+        "termination_reason": None,
+        "error": None,
+    }
+    timings = {"generate_s": 0.0}
+    messages: list[dict[str, Any]] = []
+    traj: Trajectory | None = None
+    reward = 0.0
+
+    def finish(st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
+        meta["termination_reason"] = reason
+        if error:
+            meta["error"] = error
+            log = logger.warning if st.is_infrastructure_failure else logger.info
+            log("episode %s (task %s): %s: %s", eid, spec.task_id, st.value, error)
+        timings.update({k: round(v, 4) for k, v in getattr(env, "timings", {}).items()})
+        timings["total_s"] = round(time.monotonic() - t_start, 4)
+        meta["timings"] = timings
+        if traj is not None:
+            traj.expand()  # the record leaves the loop with lists
+            traj.check()
+            meta["prompt_tokens"] = len(traj.prompt_ids)
+            meta["response_tokens"] = traj.response_length
+            meta["generated_tokens"] = sum(traj.loss_mask)
+        return InteractionResult(spec=spec, status=st, reward=reward, trajectory=traj, messages=messages, metadata=meta)
+
+    # -- reset ---------------------------------------------------------------------------------
+    try:
+        opening, _ = await env.reset(spec.task_id)
+    except UserSimulatorError as e:
+        return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+    except Exception as e:  # EnvironmentStepError or anything from environment code
+        return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
+    messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
+    # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
+    try:
+        # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
+        traj = await _off_loop(settings, _prompt_trajectory, chat, messages)
+    except TokenizeTimeout as e:
+        return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+
+    # -- turns ---------------------------------------------------------------------------------
+    for step in range(settings.max_steps):
+        # room for the end-of-turn repair keeps the trajectory within max_context_tokens
+        if settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0:
+            return finish(EpisodeStatus.TRUNCATED, "context")
+        t0 = time.monotonic()
+        turn = await _sample_turn(spec, traj, policy, chat, settings, meta)
+        timings["generate_s"] += time.monotonic() - t0
+        if turn.interruptions:
+            meta["interrupted_turns"] += 1
+            meta["continued_turns"] += int(settings.partial_rollout == "continue" and turn.status is None)
+            meta["restarted_turns"] += int(settings.partial_rollout == "restart_turn" and turn.status is None)
+        if turn.status is not None:
+            return finish(turn.status, turn.reason or turn.status.value, turn.error)
+        gen_ids = turn.ids
+        meta["turns"] += 1
+        closed = chat.ends_turn(gen_ids)
+        body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
+        text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
+        if text is None:
+            try:
+                text = await _off_loop(settings, chat.decode, body_ids)
+            except TokenizeTimeout as e:
+                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+        if not closed:
+            # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
+            # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
+            traj.append_context(chat.eot_ids)
+            meta["turn_boundary_repairs"] += 1
+        cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
+        if cut:
+            meta["length_finishes"] += 1
+            context_full = settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0  # no room for another turn
+            if context_full or settings.on_length == "truncate":
+                # the cut text never reaches the user or a tool as if it were the whole turn
+                messages.append({"role": "assistant", "content": text, **cut})
+                return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
+
+        try:
+            parsed = parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
+        except ParseError as e:
+            meta["parse_errors"] += 1
+            messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
+            if settings.on_parse_error == "abort":
+                return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
+            feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
+            messages.append({**feedback, "format_feedback": True})
+            try:
+                delta = await _delta_ids(settings, chat, feedback)
+            except TokenizeTimeout as te:
+                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(te))
+            if not _append_delta(traj, delta, settings):
+                return finish(EpisodeStatus.TRUNCATED, "context")
+            continue
+
+        call_id = f"call_{meta['turns']}"
+        messages.append({**parsed.to_message(call_id), **cut})
+        if parsed.tool_call is not None:
+            action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
+        else:
+            action = Action(name=RESPOND, content=parsed.content)
+        try:
+            observation, r, done, info = await env.step(action)
+        except ToolTimeoutError as e:
+            return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
+        except UserSimulatorError as e:
+            return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+        except RewardError as e:
+            return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
+        except EnvironmentStepError as e:
+            return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
+        except Exception as e:  # a bug in environment code must not crash the actor
+            return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
+        meta["tool_errors"] += int(bool(info.get("tool_error")))
+        answer = _observation_message(observation, info, parsed, call_id)
+        if done:
+            reward = float(r)
+            meta["reward_info"] = info.get("reward_info")
+            messages.append(answer)
+            return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
+        nxt = {"role": "tool" if answer["role"] == "tool" else "user", "content": observation}  # what the template renders
+        messages.append(answer)
+        try:
+            delta = await _delta_ids(settings, chat, nxt)
+        except TokenizeTimeout as e:
+            return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+        if not _append_delta(traj, delta, settings):
+            return finish(EpisodeStatus.TRUNCATED, "context")
+    return finish(EpisodeStatus.MAX_STEPS, "max_steps")
+
+
+def _observation_message(observation: str, info: dict[str, Any], parsed, call_id: str) -> dict[str, Any]:
+    """The conversation's record of what answered an assistant turn: a tool result as OpenAI's
+    ``{"role": "tool", "tool_call_id", "name", "content"}`` (with ``"error": true`` when the tool
+    failed, as tau2's ``ToolMessage.error``), else the user's turn ``{"role": "user", "content"}``."""
+    if info.get("role") == "tool" and parsed.tool_call is not None:
+        msg = {"role": "tool", "tool_call_id": call_id, "name": parsed.tool_call.name, "content": observation}
+        if info.get("tool_error"):
+            msg["error"] = True
+        return msg
+    return {"role": info.get("role", "user"), "content": observation}
+
+
+def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: EpisodeSettings) -> bool:
+    """Append a context delta unless it would leave no room to generate; False when full."""
+    if len(traj) + len(delta) >= settings.max_context_tokens:
+        return False
+    traj.append_context(delta)
+    return True
+
+
+def _strip_trailing_specials(text: str, chat: ChatTemplate) -> str:
+    """Drop end-of-sequence texts (e.g. ``<|endoftext|>``) a model may end a turn with."""
+    tok = chat.tokenizer
+    ends = {t for t in (getattr(tok, "eos_token", None), getattr(tok, "pad_token", None)) if t}
+    changed = True
+    while changed:
+        changed = False
+        for e in ends:
+            if text.endswith(e):
+                text = text[: -len(e)]
+                changed = True
+    return text

@@ -1,0 +1,204 @@
+"""Writing a run's results: ``samples.jsonl``, ``failed.jsonl``, ``filtered.jsonl`` and ``summary.json``.
+
+The files follow the same training policy as the trainer API (:mod:`rollout.core.groups`), because
+they are written from :meth:`rollout.core.pool.RolloutPool.stream`:
+
+* ``samples.jsonl``: the training data, complete kept groups, one
+  :class:`~rollout.core.records.TrainingSample` per line;
+* ``failed.jsonl``: episodes whose status is not in ``rollout.train_statuses`` (by default the
+  infrastructure failures, docs/design.md invariant 4, and cancelled episodes), same format;
+* ``filtered.jsonl``: trainable episodes held back from training: stale beyond
+  ``rollout.max_staleness``, groups with equal rewards (``rollout.filter_groups``), groups dropped
+  because a member failed; ``metadata.excluded_reason`` says which.
+
+Every episode is on exactly one line of one file. Lines are flushed as results arrive. A resumed
+run (:mod:`rollout.core.journal`) appends to the same files and skips what they already hold.
+
+What the agent did is on the same line, under ``messages``: the conversation as OpenAI chat
+messages (the user's turns, the assistant's replies and tool calls, the tool results; see
+:class:`~rollout.core.records.TrainingSample` for the marks on cut and unparseable turns), also in the
+journal's ``episodes.jsonl`` and on the trainer API's samples; ``null`` with
+``rollout.keep_messages=false``. ``summary.json`` counts, besides statuses and rewards, the turns
+cut at ``policy.sampling.max_new_tokens`` (``length_cut_turns``) and the episodes such a cut ended
+(``episodes_ended_by_turn_length``, ``policy.on_length=truncate``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rollout.core.groups import Excluded
+from rollout.core.records import DEFAULT_TRAIN_STATUSES, TrainingSample
+
+
+def error_kind(status: str, error: str | None) -> str:
+    """A short key that groups repeated errors: the status and the error's first line with
+    numbers, ids and addresses blanked (``policy_error: /generate failed after N attempts: ...``)."""
+    text = (error or "").strip().splitlines()[0] if error else ""
+    text = re.sub(r"\b(0x[0-9a-f]+|[0-9a-f]{16,}|\d+(\.\d+)?)\b", "N", text)[:120]
+    return f"{status}: {text}" if text else status
+
+
+class RunStats:
+    """Running totals for the summary (counts, rewards, tokens, timings).
+
+    Mean rewards are over trainable episodes only (status in ``train_statuses``): an
+    infrastructure failure has no reward; it is counted in ``status_counts`` and ``errors``, never
+    averaged in as 0.
+
+    Args:
+        train_statuses: ``rollout.train_statuses``.
+    """
+
+    def __init__(self, train_statuses: tuple[str, ...] | list[str] = DEFAULT_TRAIN_STATUSES) -> None:
+        self.t0 = time.monotonic()
+        self.train_statuses = frozenset(train_statuses)
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.status_counts: collections.Counter[str] = collections.Counter()
+        self.excluded_counts: collections.Counter[str] = collections.Counter()
+        self.reward_sum: collections.Counter[str] = collections.Counter()
+        self.reward_n: collections.Counter[str] = collections.Counter()
+        self.episodes = 0
+        self.trained = 0
+        self.turns = 0
+        self.tokens = 0
+        self.generated_tokens = 0
+        self.repairs = 0
+        self.parse_errors = 0
+        self.length_cut_turns = 0
+        self.ended_by_turn_length = 0
+
+    def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
+        m = s.metadata
+        self.episodes += 1
+        self.status_counts[s.status] += 1
+        if excluded_reason is None:
+            self.trained += 1
+        else:
+            self.excluded_counts[excluded_reason] += 1
+        if s.status in self.train_statuses:
+            self.reward_sum[m.get("domain", "?")] += s.reward
+            self.reward_n[m.get("domain", "?")] += 1
+        if m.get("error"):
+            self.errors[error_kind(s.status, m.get("error"))] += 1
+        self.turns += int(m.get("turns", 0) or 0)
+        self.tokens += len(s.tokens)
+        self.generated_tokens += int(sum(s.loss_mask))
+        self.repairs += int(m.get("turn_boundary_repairs", 0) or 0)
+        self.parse_errors += int(m.get("parse_errors", 0) or 0)
+        self.length_cut_turns += int(m.get("length_finishes", 0) or 0)
+        self.ended_by_turn_length += int(m.get("termination_reason") == "turn_length")
+
+    def summary(self) -> dict[str, Any]:
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        n = max(self.episodes, 1)
+        return {
+            "episodes": self.episodes,
+            "trained_samples": self.trained,
+            "status_counts": dict(self.status_counts),
+            "excluded_counts": dict(self.excluded_counts),
+            "mean_reward_per_domain": {d: self.reward_sum[d] / self.reward_n[d] for d in self.reward_n},
+            "mean_turns": self.turns / n,
+            "mean_tokens": self.tokens / n,
+            "generated_tokens": self.generated_tokens,
+            "turn_boundary_repairs": self.repairs,
+            "parse_errors": self.parse_errors,
+            # turns cut at policy.sampling.max_new_tokens or by the context window (policy.on_length),
+            # and the episodes such a cut ended (status truncated, termination_reason turn_length)
+            "length_cut_turns": self.length_cut_turns,
+            "episodes_ended_by_turn_length": self.ended_by_turn_length,
+            "errors": [{"kind": k, "count": n} for k, n in self.errors.most_common()],
+            "wall_s": wall,
+            "episodes_per_s": self.episodes / wall,
+            "generated_tokens_per_s": self.generated_tokens / wall,
+        }
+
+
+class RunWriter:
+    """Streams the results of one run into ``output_dir`` (see the module docstring).
+
+    Args:
+        output_dir: created if missing.
+        train_statuses: ``rollout.train_statuses`` (what the mean reward is over).
+        resume: append to the files an earlier session of the same run wrote, skip the episodes
+            they hold, and count them in the summary; otherwise the files are started afresh.
+    """
+
+    FILES = ("samples.jsonl", "failed.jsonl", "filtered.jsonl")
+
+    def __init__(self, output_dir: str | Path, train_statuses: tuple[str, ...] | list[str] = DEFAULT_TRAIN_STATUSES, resume: bool = False):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.stats = RunStats(train_statuses)
+        self.written: set[str] = set()
+        self.skipped = 0
+        if resume:
+            for name in self.FILES:
+                path = self.dir / name
+                if path.is_file():
+                    for s in read_samples(path, tolerate_torn_tail=True):
+                        if s.episode_id not in self.written:
+                            self.written.add(s.episode_id)
+                            self.stats.add(s, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
+        self._files = {name: open(self.dir / name, "a" if resume else "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
+
+    def _write(self, name: str, s: TrainingSample, reason: str | None) -> None:
+        if s.episode_id in self.written:  # written by an earlier session of a resumed run
+            self.skipped += 1
+            return
+        f = self._files[name]
+        f.write(json.dumps(s.to_dict()) + "\n")
+        f.flush()
+        self.written.add(s.episode_id)
+        self.stats.add(s, reason)
+
+    def add_group(self, group: list[TrainingSample]) -> None:
+        """Write a kept group's samples to ``samples.jsonl``."""
+        for s in group:
+            self._write("samples.jsonl", s, None)
+
+    def add_excluded(self, ex: Excluded) -> None:
+        """Write an excluded sample to ``failed.jsonl`` (its status is not trainable) or
+        ``filtered.jsonl`` (held back for another reason)."""
+        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", ex.sample, ex.reason)
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Close the files and write ``summary.json``; returns the summary (``extra`` keys
+        override the computed ones, e.g. the journal's true ``wall_s``)."""
+        for f in self._files.values():
+            f.close()
+        summary = self.stats.summary()
+        summary["files"] = {name: str(self.dir / name) for name in self.FILES}
+        if extra:
+            summary.update(extra)
+            if "wall_s" in extra:
+                summary["episodes_per_s"] = summary["episodes"] / max(extra["wall_s"], 1e-9)
+                summary["generated_tokens_per_s"] = summary["generated_tokens"] / max(extra["wall_s"], 1e-9)
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def read_samples(path: str | Path, tolerate_torn_tail: bool = False) -> list[TrainingSample]:
+    """Load a ``samples.jsonl`` (or ``failed.jsonl`` / ``filtered.jsonl``) file.
+
+    Args:
+        tolerate_torn_tail: ignore a last line cut short (a writer killed mid-line).
+
+    Raises:
+        json.JSONDecodeError: a malformed line (the last one too, unless ``tolerate_torn_tail``).
+    """
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(lines):
+        try:
+            out.append(TrainingSample.from_dict(json.loads(line)))
+        except json.JSONDecodeError:
+            if tolerate_torn_tail and n == len(lines) - 1:
+                continue
+            raise
+    return out

@@ -1,1 +1,0 @@
-"""Environment adapters (tau2) and user simulators."""

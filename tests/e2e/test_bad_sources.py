@@ -1,0 +1,153 @@
+"""Every config key that names a file, a folder, a URL or a module: a bad value is one line naming
+the key and what to do, exit 2, before anything is started (no local stack, no Ray), through the
+CLI (``rollout.app.cli.main``, in this process) and, where the trainer API starts things itself,
+through ``open_pool`` and ``RolloutPool.start``.
+
+The hub-id case needs no network: this machine has none, and the check probes the hub's host
+with a short timeout instead of letting transformers retry for ~100 s.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollout.app import cli
+from rollout.app.preflight import PreflightError
+from rollout.core.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "local.yaml")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: nothing listens there
+
+
+def _run(tmp_path: Path, capsys, *overrides: str) -> tuple[int, str, Path]:
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    rc = cli.main(["run", "--config", CONFIG, "--no-progress", "env.task_ids=[0]", f"rollout.output_dir={out}", *overrides])
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and " INFO " not in line and " WARNING " not in line]
+    assert lines, err
+    assert took < 60, f"took {took:.0f}s"
+    return rc, lines[-1], out
+
+
+@pytest.fixture(autouse=True)
+def started(monkeypatch) -> list[str]:
+    """What the run started: the local stack and the Ray pool record themselves here (their
+    ``start`` runs as usual). Also: no ``RAY_ADDRESS`` from the caller's shell."""
+    from rollout.core.pool import RolloutPool
+    from rollout.devtools.local.stack import LocalStack
+
+    seen: list[str] = []
+    for cls, name in ((LocalStack, "local stack"), (RolloutPool, "Ray pool")):
+        def record(self, *a, _orig=cls.start, _name=name, **k):
+            seen.append(_name)
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(cls, "start", record)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return seen
+
+
+def _nothing_started(out: Path, started: list[str]) -> None:
+    assert started == [], f"started before the check failed: {started}"
+    assert not (out / "local_stack_logs").exists(), "the local stack was started"
+
+
+@pytest.mark.parametrize("value, expect", [
+    ("/nonexistent", "the folder /nonexistent does not exist"),
+    ("Qwen/Qwen3-8B", "not in the local hub cache and the hub cannot be reached"),
+])
+def test_policy_tokenizer_that_cannot_be_had(tmp_path, capsys, started, monkeypatch, value, expect):
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")  # no hub, also where there is network
+    rc, line, out = _run(tmp_path, capsys, f"policy.tokenizer={value}")
+    assert rc == 2 and line.startswith(f"error: policy.tokenizer={value}: ") and expect in line, line
+    assert "builtin:qwen3" in line and "local folder" in line, line  # what to pass instead
+    _nothing_started(out, started)
+
+
+def test_policy_tokenizer_folder_without_tokenizer_files(tmp_path, capsys, started):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, line, out = _run(tmp_path, capsys, f"policy.tokenizer={empty}")
+    assert rc == 2 and "policy.tokenizer" in line and "holds no tokenizer files" in line, line
+    _nothing_started(out, started)
+
+
+def test_policy_tokenizer_through_the_trainer_api():
+    """``RolloutPool.start`` (a trainer that builds the pool itself) refuses before Ray starts."""
+    import ray
+
+    from rollout.core.pool import RolloutPool
+
+    cfg = load_config(CONFIG, ["policy.tokenizer=/nonexistent", "local.enabled=false", "policy.router_url=http://127.0.0.1:9"])
+    was = ray.is_initialized()
+    pool = RolloutPool(cfg)
+    with pytest.raises(PreflightError, match=r"^policy.tokenizer=/nonexistent: the folder /nonexistent does not exist"):
+        pool.start()
+    assert ray.is_initialized() == was and pool.actors == []  # neither Ray nor an actor was started
+
+
+def test_pool_ray_address_where_nothing_listens(tmp_path, capsys, started):
+    port = _closed_port()
+    rc, line, out = _run(tmp_path, capsys, f"pool.ray_address=127.0.0.1:{port}")  # waits RAY_ADDRESS_WAIT_S for a starting head
+    assert rc == 2 and line.startswith(f"error: pool.ray_address=127.0.0.1:{port}: nothing answered there within"), line
+    _nothing_started(out, started)
+    rc, line, _ = _run(tmp_path, capsys, "pool.ray_address=not-an-address")
+    assert rc == 2 and "pool.ray_address=not-an-address: not an address" in line, line
+
+
+def test_rollout_output_dir_that_cannot_be_written(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc = cli.main(["run", "--config", CONFIG, "--no-progress", f"rollout.output_dir={blocker / 'out'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"error: rollout.output_dir '{blocker / 'out'}' is not writable"), err
+
+
+def test_router_url_where_nothing_listens(tmp_path, capsys, started):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    rc, line, out = _run(tmp_path, capsys, "local.enabled=false", f"policy.router_url={url}")
+    assert rc == 2 and line.startswith(f"error: router {url}: ") and "policy.router_url" in line, line
+    _nothing_started(out, started)
+
+
+def test_user_base_url_where_nothing_listens(tmp_path, capsys):
+    """The user simulator's endpoint is checked by the preflight once the local stack is up (it
+    may be the stack's own router); a dead one is one line, and the stack is stopped again."""
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    rc, line, _ = _run(tmp_path, capsys, "env.user.kind=llm", "env.user.model=m", f"env.user.base_url={url}")
+    assert rc == 2 and line.startswith("error: user simulator") and url.removesuffix("/v1") in line and "does not answer" in line, line
+
+
+def test_a_module_the_config_needs_is_missing(tmp_path, capsys, started, monkeypatch):
+    """``local.backend=tiny`` needs torch (the tiny extra); masked here as if not installed."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    rc, line, out = _run(tmp_path, capsys, "local.backend=tiny")
+    assert rc == 2 and line.startswith("error: local.backend=tiny needs torch") and "tau-rollout[tiny]" in line, line
+    _nothing_started(out, started)
+
+
+def test_config_file_that_does_not_exist(tmp_path, capsys):
+    rc = cli.main(["run", "--config", str(tmp_path / "nope.yaml")])
+    assert rc == 2 and capsys.readouterr().err.strip() == f"config error: config file not found: {tmp_path / 'nope.yaml'}"
+
+
+def test_a_failed_start_leaves_no_run_behind(tmp_path, capsys):
+    """A run refused before it submitted anything leaves nothing to resume: the same command,
+    corrected, starts without --overwrite."""
+    from rollout.core.journal import holds_run
+
+    rc, _, out = _run(tmp_path, capsys, "policy.tokenizer=/nonexistent")
+    assert rc == 2 and (out / "run.json").is_file()  # the journal opened before the check failed
+    assert not holds_run(out)

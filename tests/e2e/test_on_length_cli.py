@@ -1,0 +1,36 @@
+"""``policy.on_length`` through the CLI: the summary table and ``summary.json`` count turns cut at ``max_new_tokens`` (the episode-level behaviour is tested in tests/component/test_on_length.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_cli_counts_cut_turns_in_its_table_and_summary(tmp_path):
+    """The main job on the local stack with a budget below the gold replies: every first turn is
+    cut; the table and summary.json count them. (With ``rollout.keep_messages=false``: the files
+    carry no conversation.)"""
+    out = tmp_path / "run"
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,1]",
+                           "rollout.n_samples_per_task=1", "pool.num_actors=1", "policy.sampling.max_new_tokens=8", "rollout.keep_messages=false",
+                           f"rollout.output_dir={out}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status_counts"] == {"truncated": 2} and summary["length_cut_turns"] == 2
+    assert summary["episodes_ended_by_turn_length"] == 2
+    for name in ("samples.jsonl", "episodes.jsonl"):
+        assert [json.loads(x)["messages"] for x in (out / name).read_text().splitlines()] == [None, None], name
+    table = proc.stdout
+    assert any(line.split()[-1] == "2" for line in table.splitlines() if line.startswith("turns cut at max_new_tokens")), table

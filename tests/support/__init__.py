@@ -1,0 +1,1 @@
+"""Helpers the tests share: servers, proxies, a Ray head, data (imported as ``support.<module>``)."""

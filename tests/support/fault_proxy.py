@@ -1,0 +1,73 @@
+"""A fault-injecting HTTP proxy in front of a router, for Ray tests (whose driver is synchronous).
+
+It runs its own event loop in a thread, binds 127.0.0.1 on a free port and forwards ``/generate``
+to the upstream router, unless ``rule(routing_key, body)`` says otherwise:
+
+* ``None``: forward;
+* ``("status", code)``: answer ``code`` (e.g. 500: the policy server failed);
+* ``("text", text)``: answer as a server would with ``text`` followed by the EOS id (a policy
+  that says something else, e.g. a wrong answer earning reward 0);
+* ``("delay", seconds)``: forward after ``seconds`` (a slow episode; cancelling the client's
+  request cancels the wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import aiohttp
+from aiohttp import web
+
+from rollout.devtools.chaos import ThreadedApp
+
+Rule = Callable[[str, dict], "tuple[str, object] | None"]
+
+
+class FaultProxy(ThreadedApp):
+    def __init__(self, upstream: str, tokenizer, rule: Rule):
+        super().__init__()
+        self.upstream = upstream.rstrip("/")
+        self.tok = tokenizer
+        self.rule = rule
+        self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.seen: list[str] = []  # routing keys, in arrival order
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        key = request.headers.get("X-SMG-Routing-Key", "")
+        self.seen.append(key)
+        action = self.rule(key, body)
+        if action is not None and action[0] == "status":
+            return web.json_response({"error": "injected failure"}, status=int(action[1]))
+        if action is not None and action[0] == "text":
+            ids = self.tok.encode(str(action[1]), add_special_tokens=False) + [self.eos]
+            return web.json_response({"text": str(action[1]), "output_ids": ids, "meta_info": {
+                "id": body.get("rid"), "finish_reason": {"type": "stop", "matched": self.eos}, "weight_version": "0",
+                "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
+        if action is not None and action[0] == "delay":
+            await asyncio.sleep(float(action[1]))
+        async with self._session.post(self.upstream + "/generate", json=body, headers={"X-SMG-Routing-Key": key}) as r:
+            return web.json_response(await r.json(content_type=None), status=r.status)
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        async with self._session.get(self.upstream + "/workers") as r:
+            return web.json_response(await r.json(content_type=None), status=r.status)
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 2**20)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/workers", self._workers)
+        return app  # served with handler_cancellation: a client that goes away cancels its delay
+
+    async def _on_start(self) -> None:
+        self._session = aiohttp.ClientSession()
+
+    async def _on_stop(self) -> None:
+        await self._session.close()
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

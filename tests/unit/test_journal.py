@@ -1,0 +1,100 @@
+"""The run journal (pure: files only) and the result files appended on resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollout.core.config import load_config
+from rollout.core.groups import Excluded
+from rollout.core.journal import EPISODES_FILE, RUN_FILES, STATE_FILE, JournalError, RunJournal, config_fingerprint
+from rollout.core.output import RunWriter, error_kind, read_samples
+from rollout.core.pool import make_specs
+from rollout.core.records import TrainingSample
+
+
+def _sample(spec, status="completed", reward=1.0, error=None) -> TrainingSample:
+    meta = {"episode_id": spec.episode_id, "domain": spec.domain, "task_id": spec.task_id}
+    if error:
+        meta["error"] = error
+    return TrainingSample(tokens=[1, 2, 3], response_length=1, loss_mask=[1], rollout_log_probs=[-0.5], reward=reward,
+                          status=status, group_id=spec.group_id, sample_index=spec.sample_index, metadata=meta)
+
+
+def test_a_journal_records_specs_before_and_episodes_as_delivered_and_resumes(tmp_path):
+    cfg = load_config(None, [f"rollout.output_dir={tmp_path}"])
+    specs = make_specs("retail", ["0", "1", "2"], 2, prefix="b0:")
+    j = RunJournal.open(tmp_path, cfg)
+    assert not j.resumed and json.loads((tmp_path / STATE_FILE).read_text())["status"] == "running"
+    j.record_specs(specs)
+    j.record_specs(specs[:2])  # already journaled: not written twice
+    for s in specs[:3]:
+        j.record(_sample(s))
+    # the process dies here: no close(); a torn last line as a kill mid-write leaves
+    with open(tmp_path / EPISODES_FILE, "a") as f:
+        f.write('{"tokens": [1, 2')
+    r = RunJournal.open(tmp_path, cfg, resume=True)
+    assert r.resumed and r.state["resumed"] == 1
+    assert [s.episode_id for s in r.specs] == [s.episode_id for s in specs]
+    assert list(r.delivered) == [s.episode_id for s in specs[:3]]
+    assert [s.episode_id for s in r.undelivered()] == [s.episode_id for s in specs[3:]]
+    r.close("finished")
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert state["status"] == "finished" and state["episodes_undelivered"] == 3 and state["wall_s_before"] >= 0
+
+
+def test_a_directory_holding_a_run_is_refused_unless_resume_or_overwrite(tmp_path):
+    cfg = load_config(None, [f"rollout.output_dir={tmp_path}"])
+    j = RunJournal.open(tmp_path, cfg)
+    j.record_specs(make_specs("retail", ["0"], 1))
+    j.close("interrupted", "SIGINT received")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(JournalError, match="holds a run .*interrupted, 0 of 1 episodes delivered.*--resume.*--overwrite") as e:
+        RunJournal.open(tmp_path, cfg)
+    assert "\n" not in str(e.value)
+    with pytest.raises(JournalError, match="exclude each other"):
+        RunJournal.open(tmp_path, cfg, resume=True, overwrite=True)
+    changed = load_config(None, [f"rollout.output_dir={tmp_path}", "env.max_steps=7", "rollout.seed=3", "pool.num_actors=9"])
+    with pytest.raises(JournalError, match=r"config changed since the run started \(env.max_steps, rollout.seed\)"):
+        RunJournal.open(tmp_path, changed, resume=True)
+    fresh = RunJournal.open(tmp_path, changed, overwrite=True)
+    assert not fresh.resumed and fresh.specs == []
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # only the run's own files are removed
+    assert all(not (tmp_path / f).exists() or (tmp_path / f).stat().st_size == 0 or f == STATE_FILE for f in RUN_FILES)
+
+
+def test_the_fingerprint_ignores_endpoints_actor_counts_and_timeouts():
+    a = load_config(None, [])
+    b = load_config(None, ["pool.num_actors=16", "policy.router_url=http://10.0.0.1:30000", "policy.request_timeout_s=5",
+                           "rollout.output_dir=/elsewhere", "logging.level=DEBUG", "local.num_servers=3"])
+    c = load_config(None, ["policy.sampling.temperature=0.5"])
+    assert config_fingerprint(a)[0] == config_fingerprint(b)[0] != config_fingerprint(c)[0]
+
+
+def test_a_resumed_writer_appends_skips_what_the_files_hold_and_counts_both_sessions(tmp_path):
+    specs = make_specs("retail", ["0", "1", "2", "3"], 1)
+    w = RunWriter(tmp_path)
+    w.add_group([_sample(specs[0])])
+    w.add_excluded(Excluded(_sample(specs[1], "env_error", 0.0, error="tau2 failed on call 12 at 0x7f3a"), "env_error"))
+    # killed: no close(); a resumed session sees the same episodes again through the pool's restore
+    w2 = RunWriter(tmp_path, resume=True)
+    w2.add_group([_sample(specs[0])])
+    w2.add_excluded(Excluded(_sample(specs[1], "env_error", 0.0, error="tau2 failed on call 12 at 0x7f3a"), "env_error"))
+    w2.add_group([_sample(specs[2], reward=0.0)])
+    w2.add_excluded(Excluded(_sample(specs[3], "env_error", 0.0, error="tau2 failed on call 40 at 0x7f3b"), "env_error"))
+    summary = w2.close({"wall_s": 2.0})
+    assert w2.skipped == 2
+    assert [s.episode_id for s in read_samples(tmp_path / "samples.jsonl")] == [specs[0].episode_id, specs[2].episode_id]
+    assert [s.episode_id for s in read_samples(tmp_path / "failed.jsonl")] == [specs[1].episode_id, specs[3].episode_id]
+    assert summary["episodes"] == 4 and summary["status_counts"] == {"completed": 2, "env_error": 2}
+    assert summary["mean_reward_per_domain"] == {"retail": 0.5}  # trainable episodes only, never the failures as 0
+    assert summary["errors"] == [{"kind": "env_error: tau2 failed on call N at N", "count": 2}]
+    assert summary["wall_s"] == 2.0 and summary["episodes_per_s"] == 2.0
+    assert set(summary["files"]) == {"samples.jsonl", "failed.jsonl", "filtered.jsonl"}
+
+
+def test_error_kinds_group_repeats():
+    assert error_kind("policy_error", "/generate failed after 4 attempts: ClientConnectorError(127.0.0.1:3000)") == \
+        error_kind("policy_error", "/generate failed after 4 attempts: ClientConnectorError(127.0.0.1:4111)")
+    assert error_kind("user_error", None) == "user_error"
