@@ -1,12 +1,12 @@
 """tau-rollout: a Ray-distributed rollout actor pool producing exact tau-bench training data.
 
 Importing this package has no side effects and imports neither Ray nor tau2: the names below are
-loaded on first use. Ray is imported only by :mod:`rollout.core.pool` and ``launch/`` (docs/design.md
+loaded on first use. Ray is imported only by :mod:`rollout.core.pool` and ``launch/`` (docs/design.md,
 invariant 6).
 
 The public API::
 
-    from rollout import load_config, open_pool, RolloutPool, Batch, TrainingSample
+    from rollout import load_config, open_pool, RolloutPool, Batch, TrainingSample, Excluded
 """
 
 from __future__ import annotations
@@ -18,17 +18,28 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _EXPORTS = {
+    # configuration
     "Config": "rollout.core.config",
     "ConfigError": "rollout.core.config",
     "load_config": "rollout.core.config",
+    # a started pool, the local stack included (the wiring the CLI uses too)
     "open_pool": "rollout.app.wiring",
+    # the pool and how a run ends early
     "RolloutPool": "rollout.core.pool",
     "RunAborted": "rollout.core.pool",
+    "RunInterrupted": "rollout.core.pool",
+    "NoHealthyActorError": "rollout.core.pool",
+    "RayHeadLostError": "rollout.core.pool",
+    "PauseReport": "rollout.core.pool",
+    "make_specs": "rollout.core.pool",
+    # records
     "Batch": "rollout.core.records",
     "EpisodeSpec": "rollout.core.records",
     "EpisodeStatus": "rollout.core.records",
     "InteractionResult": "rollout.core.records",
     "TrainingSample": "rollout.core.records",
+    "Excluded": "rollout.core.groups",
+    # the run journal (resume)
     "RunJournal": "rollout.core.journal",
 }
 
