@@ -38,6 +38,7 @@ _EXPORTS = {
     "EpisodeStatus": "rollout.core.records",
     "InteractionResult": "rollout.core.records",
     "TrainingSample": "rollout.core.records",
+    "EpisodeMetrics": "rollout.core.metrics",
     "Excluded": "rollout.core.groups",
     # the run journal (resume)
     "RunJournal": "rollout.core.journal",

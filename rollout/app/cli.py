@@ -230,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     path = args.config
     if path is None and Path("configs/local.yaml").is_file():
         path = "configs/local.yaml"
+    from rollout.app.preflight import check_config
+
     try:
         cfg = load_config(path, args.overrides)
+        check_config(cfg)  # what the config names on this machine (a tau2 domain, uvloop): no I/O in load_config
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

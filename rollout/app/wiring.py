@@ -66,20 +66,23 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
     """
     from rollout.app.preflight import check_before_start, run_preflight
     from rollout.benchmarks.tau2.user import check_user_simulator
-    from rollout.benchmarks.tau_bench.environment import make_domain, stack_domain
+    from rollout.core.environment import domain_key, load_benchmark
     from rollout.core.pool import RolloutPool
 
     stack = None
     pool = None
     try:
         check_before_start(cfg)  # keys, packages, Ray address, tokenizer, output dir: one line each, before anything starts
-        domain = make_domain(cfg.env, tau2_log_level=cfg.logging.tau2_level)
-        task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
+        domain = load_benchmark(cfg.env, log_level=cfg.logging.tau2_level)  # env.benchmark's, through the registry
+        try:
+            task_ids = domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
+        finally:
+            domain.close()
         if cfg.local.enabled:
             from rollout.devtools.local.stack import LocalStack
 
-            stack = LocalStack(cfg.local, stack_domain(cfg.env), cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / log_dir_name,
-                               api_key_env=cfg.policy.api_key_env)
+            stack = LocalStack(cfg.local, domain_key(cfg.env.benchmark, cfg.env.domain), cfg.policy.tokenizer,
+                               log_dir=Path(cfg.rollout.output_dir) / log_dir_name, api_key_env=cfg.policy.api_key_env)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)
         run_preflight(cfg, check_user=check_user_simulator)

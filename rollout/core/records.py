@@ -131,9 +131,9 @@ class Trajectory:
     and turns them back into lists when the episode ends (:meth:`expand`): every record that
     leaves the episode loop holds lists. Python's cyclic garbage collector walks every item of a
     list on each full collection, and an actor holds hundreds of running trajectories of 10-30k
-    items each: with 512 episodes, a full collection stopped the event loop for 360-520 ms
-    (measured in an actor with ``gc.callbacks`` under ``python -m rollout.bench pool``); an
-    ``array.array`` holds no Python objects: the collector visits its type and none of its items.
+    items each, so full collections stopped the event loop for hundreds of milliseconds
+    (docs/performance.md, "What made the difference"); an ``array.array`` holds no Python
+    objects: the collector visits its type and none of its items.
     """
 
     prompt_ids: list[int]
@@ -283,7 +283,8 @@ class InteractionResult:
         trajectory: token record (``None`` only if the episode failed before its first prompt).
         messages: the conversation as OpenAI chat messages (see :attr:`TrainingSample.messages`).
         metadata: turns, termination reason, timings (seconds), token counts, turn-boundary
-            repairs, reward breakdown, error text.
+            repairs, reward breakdown, error text: :class:`rollout.core.metrics.EpisodeMetrics`
+            as a JSON-ready dict (read it back with ``EpisodeMetrics.from_metadata``).
     """
 
     spec: EpisodeSpec

@@ -1,8 +1,10 @@
 """The rollout worker: a plain class around :func:`rollout.core.episode.run_episode`.
 
 It owns what one actor owns (docs/design.md invariant 5): the tokenizer and chat template (loaded and
-probed once), the tau2 domain data, the tool sandbox, a thread pool for tau2 calls and one aiohttp
-session. :mod:`rollout.core.pool` turns it into a Ray actor in one place; tests use it directly.
+probed once), the benchmark's domain (``env.benchmark``, loaded through the benchmark registry,
+:func:`rollout.core.environment.load_benchmark`) and its sandbox, a thread pool for the
+environment's blocking calls and one aiohttp session. :mod:`rollout.core.pool` turns it into a Ray
+actor in one place; tests use it directly.
 """
 
 from __future__ import annotations
@@ -21,21 +23,17 @@ from typing import Any
 
 import aiohttp
 
-from rollout.benchmarks.tau2.environment import Tau2Environment
-from rollout.benchmarks.tau2.user import make_user
-from rollout.benchmarks.tau_bench.environment import TauBenchDomain, make_domain
 from rollout.core.config import EnvConfig, LoggingConfig, PolicyConfig
-from rollout.core.environment import UserSimulatorError
+from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
 from rollout.core.episode import EpisodeSettings, run_episode
 from rollout.core.eventloop import loop_kind
-from rollout.core.formats import ChatTemplate, TemplateError
+from rollout.core.formats import DEFAULT_CHAT_FORMAT, TemplateError, get_chat_format
 from rollout.core.logs import setup_logging
 from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.core.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
-
 
 
 class LoopLagProbe:
@@ -156,7 +154,7 @@ class LoopLagProbe:
 
 
 class RolloutWorker:
-    """Runs episodes of one tau2 domain against one router.
+    """Runs episodes of one benchmark's domain (``env.benchmark``, ``env.domain``) against one router.
 
     Args:
         policy_cfg: the ``policy`` section (``router_url`` resolved).
@@ -193,10 +191,10 @@ class RolloutWorker:
         self.breaker = BackendBreaker(policy_cfg.backend_outage_timeout_s)
         if _router_answers(policy_cfg):  # seen up: an outage from the first call on is waited for
             self.breaker.arm()
-        self.domain = make_domain(env_cfg, tau2_log_level=logging_cfg.tau2_level)  # by env.benchmark: tau2 or tau-bench
+        self.domain: Benchmark = load_benchmark(env_cfg, log_level=logging_cfg.tau2_level)  # env.benchmark's, through the registry
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
-        self.chat = ChatTemplate(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
+        self.chat = get_chat_format(DEFAULT_CHAT_FORMAT)(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
         self.template_report = self.chat.probe()
         if not self.template_report.ok:
             raise TemplateError(
@@ -207,8 +205,8 @@ class RolloutWorker:
         self.settings = EpisodeSettings.from_policy(policy_cfg, max_steps=env_cfg.max_steps, system_prompt=self.domain.system_prompt,
                                                     tool_names=self.domain.tool_names, partial_rollout=partial_rollout)
         self.max_concurrent_episodes = max_concurrent_episodes
-        self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")
-        self.sandbox = self.domain.new_sandbox(evaluator=env_cfg.evaluator == "tau2", log_level=logging_cfg.tau2_level)
+        self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")  # the environment's blocking calls
+        self.sandbox = self.domain.new_actor_sandbox(env_cfg, log_level=logging_cfg.tau2_level)  # None: the benchmark needs none
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: SGLangClient | None = None
@@ -293,15 +291,10 @@ class RolloutWorker:
 
     async def _run(self, spec: EpisodeSpec, client: SGLangClient, timeout_s: float | None) -> InteractionResult:
         try:
-            task = self.domain.tasks[spec.task_id]
-            if isinstance(self.domain, TauBenchDomain):  # the original tau-bench: its env holds its user simulator
-                env = self.domain.new_episode(self.env_cfg, executor=self.executor, sandbox=self.sandbox)
-            else:
-                try:
-                    user = make_user(task, self.env_cfg.user, seed=spec.seed)
-                except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
-                    return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
-                env = Tau2Environment(self.domain, user, self.env_cfg, executor=self.executor, sandbox=self.sandbox)
+            try:  # an unknown task id raises KeyError: the crash net below
+                env = self.domain.new_episode(self.env_cfg, spec.task_id, seed=spec.seed, executor=self.executor, sandbox=self.sandbox)
+            except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
+                return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
             coro = run_episode(spec, env, client, self.chat, self.settings)
             return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
         except asyncio.TimeoutError:
@@ -338,7 +331,7 @@ class RolloutWorker:
             "tokenizer": self.policy_cfg.tokenizer,
             "episodes_run": self.episodes_run,
             "template_probe": self.template_report.summary(),
-            "sandbox_kills": self.sandbox.kills,
+            "sandbox_kills": self.sandbox.kills if self.sandbox is not None else 0,
             "running": len(self._running),
             "gate_closed": self.gate.closed,
             "breaker": self.breaker.stats(),
@@ -355,7 +348,8 @@ class RolloutWorker:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
         if self._session is not None and not self._session.closed:
             await self._session.close()
-        self.sandbox.close()
+        if self.sandbox is not None:
+            self.sandbox.close()
         self.domain.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rollout.app.preflight import check_config
 from rollout.core.config import Config, ConfigError, load_config
 from rollout.core.episode import parse_request_id
 from rollout.core.records import InteractionResult
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollout.check", description="Exactness checks of rollout data.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exactness", help="recompute log-probs of real episodes and compare")
-    ex.add_argument("--config", "-c", default=None)
+    ex.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present, as for python -m rollout)")
     ex.add_argument("--episodes", type=int, default=16)
     ex.add_argument("--min-turns", type=int, default=10, help="fail if an episode has fewer turns")
     ex.add_argument("--threshold", type=float, default=1e-3, help="largest allowed |log-prob difference|")
@@ -300,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args_with_overrides(parser, argv)
 
+    if args.config is None and Path("configs/local.yaml").is_file():
+        args.config = "configs/local.yaml"
     overrides = list(CHECK_DEFAULTS)
     user_keys = {o.split("=", 1)[0] for o in args.overrides}
     try:
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if probe.local.enabled and probe.local.backend == "tiny" and "env.user.kind" not in user_keys:
             overrides += ["env.user.kind=llm", "env.user.model=tiny", "env.user.temperature=1.0"]
         cfg = load_config(args.config, overrides + list(args.overrides))
+        check_config(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

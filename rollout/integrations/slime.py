@@ -67,8 +67,7 @@ from rollout.benchmarks.tau2.environment import Tau2Domain, ToolSandbox
 from rollout.core import records
 from rollout.core.config import Config, load_config
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus, TrainingSample
-from rollout.integrations.seed import InteractionResult as AgentResult
-from rollout.integrations.seed import TrainableAgent, make_env
+from rollout.integrations.seed import SeedResult, TrainableAgent, make_env
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def _as_training_sample(sample: Any) -> tuple[TrainingSample, str, str]:
     """``(training sample, prompt text, response text)`` of any of our sample shapes."""
     if isinstance(sample, TrainingSample):
         return sample, "", ""
-    if isinstance(sample, AgentResult):
+    if isinstance(sample, SeedResult):
         return sample.to_sample(), sample.prompt, sample.response
     if isinstance(sample, records.InteractionResult):
         return sample.to_sample(), "", ""
@@ -115,8 +114,8 @@ def _as_training_sample(sample: Any) -> tuple[TrainingSample, str, str]:
             return TrainingSample.from_dict(dict(sample)), "", ""
         except TypeError as e:
             raise ValueError(f"not a samples.jsonl record: {e}") from None
-    raise TypeError(f"cannot convert {type(sample).__name__} to slime's Sample: pass a TrainingSample, an InteractionResult "
-                    "(ours or asolve's) or a samples.jsonl record")
+    raise TypeError(f"cannot convert {type(sample).__name__} to slime's Sample: pass a TrainingSample, an InteractionResult, "
+                    "asolve's SeedResult or a samples.jsonl record")
 
 
 def slime_fields(sample: Any, *, train_statuses: Iterable[str] = DEFAULT_TRAIN_STATUSES, index: int | None = None,
@@ -126,7 +125,7 @@ def slime_fields(sample: Any, *, train_statuses: Iterable[str] = DEFAULT_TRAIN_S
     Args:
         sample: a :class:`~rollout.core.records.TrainingSample`, a ``samples.jsonl`` record (dict), our
             :class:`~rollout.core.records.InteractionResult`, or an ``asolve`` result
-            (:class:`rollout.integrations.seed.InteractionResult`, which also gives the prompt and response texts).
+            (:class:`rollout.integrations.seed.SeedResult`, which also gives the prompt and response texts).
         train_statuses: the statuses that may be trained (``rollout.train_statuses``); the others,
             and samples with ``metadata["excluded_reason"]`` (from ``filtered.jsonl``), get
             ``remove_sample=True``.
@@ -262,18 +261,27 @@ class _DomainState:
 _STATE_LOCK = threading.Lock()
 _DOMAIN_LOCK = threading.Lock()
 _DOMAINS: dict[str, _DomainState] = {}
-_CONFIGS: dict[str | None, Config] = {}
+_CONFIGS: dict[tuple[str | None, tuple[str, ...]], Config] = {}  # (YAML path, overrides) -> config
 
 
 def _config(args: Any) -> Config:
     """Our config for :func:`generate`: the YAML named by ``args.tau_rollout_config`` (e.g. set by
     slime's ``--custom-config-path``) or the environment variable ``TAU_ROLLOUT_CONFIG``, else
-    the defaults; loaded once per process."""
+    the defaults, with ``policy.router_url`` set to slime's router (``--sglang-router-ip`` /
+    ``--sglang-router-port``); loaded once per process.
+
+    Raises:
+        rollout.core.config.ConfigError: a bad YAML value, or no router (neither slime's args nor
+            the YAML name one).
+    """
     path = getattr(args, "tau_rollout_config", None) or os.environ.get(CONFIG_ENV) or None
+    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    # slime's router is the policy's (generate sends there whatever the YAML says)
+    overrides = [f"policy.router_url=http://{ip}:{port}"] if ip and port else []
     with _STATE_LOCK:
-        if path not in _CONFIGS:
-            _CONFIGS[path] = load_config(path)
-        return _CONFIGS[path]
+        if (path, tuple(overrides)) not in _CONFIGS:
+            _CONFIGS[(path, tuple(overrides))] = load_config(path, overrides)
+        return _CONFIGS[(path, tuple(overrides))]
 
 
 def _domain_state(name: str, cfg: Config) -> _DomainState:

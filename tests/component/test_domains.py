@@ -3,8 +3,9 @@
 * What ``rollout.benchmarks.tau2.registry`` reads from the registry's source is what the imported registry
   holds: the same names and the very same functions.
 * A domain the registry gains is usable by name (config, ``Tau2Domain``), with no change here.
-* Config validation checks ``env.domain`` in milliseconds without importing tau2, and its error
-  is one line that names the key and lists tau2's domains (also through the CLI).
+* The preflight (``check_before_start``, before anything starts) checks ``env.domain`` in
+  milliseconds without importing tau2, and its error is one line that names the key and lists
+  tau2's domains (also through the CLI). Config validation does no I/O: it reads no registry.
 * Without a readable registry source, the imported registry answers.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout.app.preflight import check_before_start, check_config
 from rollout.benchmarks.tau2 import registry as domains
 from rollout.core.config import ConfigError, load_config
 
@@ -49,11 +51,13 @@ def test_source_reading_agrees_with_the_imported_registry():
         assert loaders.get_tasks_split is registry.get_task_splits_loader(name), name
 
 
-def test_config_accepts_every_registered_domain_and_rejects_others_in_one_line():
+def test_config_accepts_every_registered_domain_and_rejects_others_in_one_line(tmp_path):
     for name in domains.registered_domains():
-        assert load_config(ROOT / "configs/local.yaml", [f"env.domain={name}"]).env.domain == name
+        cfg = load_config(ROOT / "configs/local.yaml", [f"env.domain={name}"])
+        check_config(cfg)  # the first step of check_before_start
+        assert cfg.env.domain == name
     with pytest.raises(ConfigError) as e:
-        load_config(ROOT / "configs/local.yaml", ["env.domain=telecomm"])
+        check_before_start(load_config(ROOT / "configs/local.yaml", ["env.domain=telecomm", f"rollout.output_dir={tmp_path}"]))
     msg = str(e.value)
     assert msg.startswith("env.domain") and "\n" not in msg
     assert "'telecomm'" in msg
@@ -61,14 +65,15 @@ def test_config_accepts_every_registered_domain_and_rejects_others_in_one_line()
         assert name in msg
 
 
-def test_config_validation_stays_fast_and_imports_no_tau2():
+def test_config_validation_stays_fast_and_imports_no_tau2(tmp_path):
     """A fresh process: the error comes without tau2 (or litellm) being imported."""
     code = (
         "import sys, time\n"
         "t = time.monotonic()\n"
+        "from rollout.app.preflight import check_before_start\n"
         "from rollout.core.config import ConfigError, load_config\n"
         "try:\n"
-        "    load_config(None, ['env.domain=nope'])\n"
+        f"    check_before_start(load_config(None, ['local.enabled=true', 'env.domain=nope', 'rollout.output_dir={tmp_path}']))\n"
         "except ConfigError as e:\n"
         "    print(e)\n"
         "print(round(time.monotonic() - t, 3))\n"
@@ -108,7 +113,9 @@ def test_a_domain_the_registry_gains_is_usable_by_name(tmp_path, monkeypatch, fr
     monkeypatch.setattr(domains, "_registry_path", lambda: str(path))
 
     assert "newdomain" in domains.registered_domains()
-    assert load_config(None, ["env.domain=newdomain"]).env.domain == "newdomain"
+    cfg = load_config(None, ["local.enabled=true", "env.domain=newdomain"])
+    check_config(cfg)  # the first step of check_before_start
+    assert cfg.env.domain == "newdomain"
     loaders = domains.load_domain("newdomain")
     from tau2.domains.mock import environment as mock_env
 

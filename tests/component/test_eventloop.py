@@ -47,23 +47,30 @@ def test_ray_env_vars_switch_ray_s_own_choice():
 
 
 def test_config_keys_are_checked_and_named():
-    cfg = load_config(None, [])
+    cfg = load_config(None, ["local.enabled=true"])
     assert (cfg.pool.event_loop, cfg.local.event_loop) == ("uvloop", "uvloop")
-    assert load_config(None, ["pool.event_loop=asyncio", "local.event_loop=asyncio"]).pool.event_loop == "asyncio"
+    assert load_config(None, ["local.enabled=true", "pool.event_loop=asyncio", "local.event_loop=asyncio"]).pool.event_loop == "asyncio"
     for key in ("pool.event_loop", "local.event_loop"):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            load_config(None, [f"{key}=tornado"])
+            load_config(None, ["local.enabled=true", f"{key}=tornado"])
 
 
-def test_uvloop_missing_here_fails_the_local_stack_s_config_naming_the_key(monkeypatch):
+def test_uvloop_missing_here_fails_the_local_stack_s_config_naming_the_key(monkeypatch, tmp_path):
+    """load_config does no I/O: whether uvloop is installed here is the preflight's to check
+    (check_before_start, which the CLI and open_pool run before anything starts)."""
     import rollout.core.eventloop as ev
+    from rollout.app.preflight import check_before_start
 
     monkeypatch.setattr(ev, "uvloop_available", lambda: False)
     with pytest.raises(ConfigError, match=r"local\.event_loop: uvloop is not installed.*local\.event_loop=asyncio"):
-        load_config(None, [])
+        check_before_start(load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}"]))
     # the servers are not started here: nothing to check; asyncio needs nothing
-    assert load_config(None, ["local.enabled=false", "policy.router_url=http://127.0.0.1:1"]).local.event_loop == "uvloop"
-    assert load_config(None, ["local.event_loop=asyncio"]).local.event_loop == "asyncio"
+    cfg = load_config(None, ["local.enabled=false", "policy.router_url=http://127.0.0.1:1", f"rollout.output_dir={tmp_path}"])
+    check_before_start(cfg)
+    assert cfg.local.event_loop == "uvloop"
+    cfg = load_config(None, ["local.enabled=true", "local.event_loop=asyncio", f"rollout.output_dir={tmp_path}"])
+    check_before_start(cfg)
+    assert cfg.local.event_loop == "asyncio"
 
 
 @pytest.mark.slow

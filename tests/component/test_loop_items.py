@@ -118,9 +118,9 @@ def test_model_folder_with_config_json_takes_autotokenizers_class_without_torch(
 
 
 def test_tokenize_timeout_is_a_validated_policy_key():
-    assert load_config(None, ["policy.tokenize_timeout_s=2.5"]).policy.tokenize_timeout_s == 2.5
+    assert load_config(None, ["local.enabled=true", "policy.tokenize_timeout_s=2.5"]).policy.tokenize_timeout_s == 2.5
     with pytest.raises(ConfigError, match="policy.tokenize_timeout_s"):
-        load_config(None, ["policy.tokenize_timeout_s=0"])
+        load_config(None, ["local.enabled=true", "policy.tokenize_timeout_s=0"])
 
 
 # -- the episode loop and the tokenizer lock ------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The original tau-bench through its adapter (``rollout/env/tau_bench_env.py``), tested against the
+"""The original tau-bench through its adapter (``rollout/benchmarks/tau_bench/``), tested against the
 stand-in package ``tests/support/tau_bench_standin/tau_bench`` (tau-bench's interface, a tiny shop of its
-own; the real package is not installable here, see the README).
+own; the real package is not installable here, see docs/domains.md).
 
 What runs is real: the stand-in's environments, tools, data, reward and user simulators, our
 episode loop and worker, the local server with its gold-replay backend. The only replaced part is
@@ -99,13 +99,13 @@ def test_domain_exposes_tau_bench_tasks_splits_policy_and_tools(standin):
 
 
 def test_config_validates_the_benchmark_key():
-    assert load_config(None, []).env.benchmark == "tau2"
+    assert load_config(None, ["local.enabled=true"]).env.benchmark == "tau2"
     with pytest.raises(ConfigError, match="env.benchmark"):
-        load_config(None, ["env.benchmark=tau3"])
+        load_config(None, ["local.enabled=true", "env.benchmark=tau3"])
     # tau-bench's environments are not tau2's registry: checked when the domain loads, not here
-    assert load_config(None, ["env.benchmark=tau_bench", "env.domain=some_env", "env.task_split=dev"]).env.domain == "some_env"
+    assert load_config(None, ["local.enabled=true", "env.benchmark=tau_bench", "env.domain=some_env", "env.task_split=dev"]).env.domain == "some_env"
     with pytest.raises(ConfigError, match="env.domain"):
-        load_config(None, ["env.benchmark=tau_bench", "env.domain= "])
+        load_config(None, ["local.enabled=true", "env.benchmark=tau_bench", "env.domain= "])
 
 
 # -- episodes on the adapter -----------------------------------------------------------------------------
@@ -359,7 +359,7 @@ def test_missing_package_is_one_line_with_the_install_command(no_tau_bench, tmp_
         with pytest.raises(PreflightError) as e:
             check(cfg)
         assert str(e.value) == msg
-    check_benchmark(load_config(None, []))  # tau2 needs no tau_bench
+    check_benchmark(load_config(None, ["local.enabled=true"]))  # tau2 needs no tau_bench
 
     # the CLI: one line, exit 2, before anything starts
     code = cli.main(["run", "--no-progress", "--config", str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml"),

@@ -156,7 +156,7 @@ async def test_a_wrong_user_side_earns_what_tau2_gives(telecom, telecom_sandbox)
 def test_telecom_splits_are_tau2s(telecom):
     assert {"train", "test", "base", "small", "full"} <= set(telecom.splits)
     assert len(telecom.task_ids("base")) == 114 and len(telecom.task_ids("full")) == 2285
-    assert load_config(None, ["env.domain=telecom", "env.task_split=full"]).env.task_split == "full"
+    assert load_config(None, ["local.enabled=true", "env.domain=telecom", "env.task_split=full"]).env.task_split == "full"
     with pytest.raises(KeyError, match=r"env.task_split: domain telecom has no split 'dev' \(has .*'full'"):
         telecom.task_ids("dev")
     assert len({case_reference(t) for t in telecom.tasks}) == len(telecom.tasks)  # the scripted user's case numbers

@@ -105,8 +105,8 @@ def test_negative_latency_is_refused(tok):
     from rollout.devtools.local.server import LocalSGLangServer
 
     with pytest.raises(ConfigError, match="local.generate_latency_s"):
-        load_config(None, ["local.generate_latency_s=-1"])
-    assert load_config(None, ["local.generate_latency_s=1.5"]).local.generate_latency_s == 1.5
+        load_config(None, ["local.enabled=true", "local.generate_latency_s=-1"])
+    assert load_config(None, ["local.enabled=true", "local.generate_latency_s=1.5"]).local.generate_latency_s == 1.5
     with pytest.raises(ValueError, match="generate_latency_s"):
         LocalSGLangServer(CountingBackend(), tok, generate_latency_s=-0.1)
 

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                     nodes = actor_nodes()
                     victim = max(range(len(running)), key=lambda k: running[k])
                     node = next(n for n in workers if n.node_id == nodes[victim]["node"])
-                    in_flight = sorted(spec.episode_id for spec, i, _ in pool._inflight.values() if i == victim)
+                    in_flight = sorted(pool.episodes_in_flight(victim))
                     removed = {"actor": victim, "node": node.node_id, "running_per_actor": running, "nodes": nodes,
                                "in_flight_on_victim": in_flight, "delivered_before": len(report["results"])}
                     t_rm = time.monotonic()

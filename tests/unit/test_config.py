@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout.app.preflight import check_before_start
 from rollout.core.config import Config, ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,6 @@ def test_overrides_merge_and_coerce():
         ("pool.num_actorz=2", "pool.num_actorz"),
         ("pool.num_actors=two", "pool.num_actors"),
         ("pool.num_actors=0", "pool.num_actors"),
-        ("env.domain=telecomm", "env.domain"),  # any domain of tau2's registry is valid (tests/component/test_domains.py)
         ("env.task_split=''", "env.task_split"),  # split names are the domain's, checked when it loads (tests/component/test_telecom.py)
         ("env.user.kind=human", "env.user.kind"),
         ("policy.sampling.top_p=1.5", "policy.sampling.top_p"),
@@ -73,6 +73,16 @@ def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
         load_config(ROOT / "configs/local.yaml", [override])
     assert str(e.value).startswith(key), str(e.value)
+
+
+def test_a_domain_tau2_lacks_is_refused_before_anything_starts_naming_the_key(tmp_path):
+    """Moved from test_bad_values_name_the_key (``env.domain=telecomm``): load_config does no I/O,
+    and tau2's registry is read by the preflight (check_before_start), which the CLI and open_pool
+    run before anything starts; any domain of tau2's registry is valid (tests/component/test_domains.py)."""
+    cfg = load_config(ROOT / "configs/local.yaml", ["env.domain=telecomm", f"rollout.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        check_before_start(cfg)
+    assert str(e.value).startswith("env.domain"), str(e.value)
 
 
 def test_cross_field_rules():

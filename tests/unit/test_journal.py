@@ -23,7 +23,7 @@ def _sample(spec, status="completed", reward=1.0, error=None) -> TrainingSample:
 
 
 def test_a_journal_records_specs_before_and_episodes_as_delivered_and_resumes(tmp_path):
-    cfg = load_config(None, [f"rollout.output_dir={tmp_path}"])
+    cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}"])
     specs = make_specs("retail", ["0", "1", "2"], 2, prefix="b0:")
     j = RunJournal.open(tmp_path, cfg)
     assert not j.resumed and json.loads((tmp_path / STATE_FILE).read_text())["status"] == "running"
@@ -45,7 +45,7 @@ def test_a_journal_records_specs_before_and_episodes_as_delivered_and_resumes(tm
 
 
 def test_a_directory_holding_a_run_is_refused_unless_resume_or_overwrite(tmp_path):
-    cfg = load_config(None, [f"rollout.output_dir={tmp_path}"])
+    cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}"])
     j = RunJournal.open(tmp_path, cfg)
     j.record_specs(make_specs("retail", ["0"], 1))
     j.close("interrupted", "SIGINT received")
@@ -55,7 +55,7 @@ def test_a_directory_holding_a_run_is_refused_unless_resume_or_overwrite(tmp_pat
     assert "\n" not in str(e.value)
     with pytest.raises(JournalError, match="exclude each other"):
         RunJournal.open(tmp_path, cfg, resume=True, overwrite=True)
-    changed = load_config(None, [f"rollout.output_dir={tmp_path}", "env.max_steps=7", "rollout.seed=3", "pool.num_actors=9"])
+    changed = load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}", "env.max_steps=7", "rollout.seed=3", "pool.num_actors=9"])
     with pytest.raises(JournalError, match=r"config changed since the run started \(env.max_steps, rollout.seed\)"):
         RunJournal.open(tmp_path, changed, resume=True)
     fresh = RunJournal.open(tmp_path, changed, overwrite=True)
@@ -65,10 +65,10 @@ def test_a_directory_holding_a_run_is_refused_unless_resume_or_overwrite(tmp_pat
 
 
 def test_the_fingerprint_ignores_endpoints_actor_counts_and_timeouts():
-    a = load_config(None, [])
+    a = load_config(None, ["local.enabled=true"])
     b = load_config(None, ["pool.num_actors=16", "policy.router_url=http://10.0.0.1:30000", "policy.request_timeout_s=5",
                            "rollout.output_dir=/elsewhere", "logging.level=DEBUG", "local.num_servers=3"])
-    c = load_config(None, ["policy.sampling.temperature=0.5"])
+    c = load_config(None, ["local.enabled=true", "policy.sampling.temperature=0.5"])
     assert config_fingerprint(a)[0] == config_fingerprint(b)[0] != config_fingerprint(c)[0]
 
 

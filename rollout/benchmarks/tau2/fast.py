@@ -129,7 +129,7 @@ class FastPath:
             messages: the conversation as tau2 messages, as for tau2's evaluator.
 
         Returns:
-            ``(reward, info)`` as :func:`rollout.benchmarks.tau2.environment.evaluate_run` gives them.
+            ``(reward, info)`` as :func:`rollout.benchmarks.tau2.sandbox.evaluate_run` gives them.
 
         Raises:
             ValueError: the task's reward basis holds NL assertions (as tau2 raises for ``ALL``).

@@ -9,7 +9,7 @@ telecom-workflow).
 Importing ``tau2.registry`` is expensive: it imports tau2's agents and user simulator and with
 them litellm (about 9 s and 230 MB on a 2-core machine, seen here), which neither configuration
 validation (errors come in about 1 s) nor the actors (they keep litellm out, see
-``rollout.benchmarks.tau2.environment._literal_constants``) can afford. So the registry's source is read
+``rollout.benchmarks.tau2.imports.literal_constants``) can afford. So the registry's source is read
 instead, without importing anything: the ``register_domain`` / ``register_tasks`` calls of
 ``tau2/registry.py`` name the functions, and the ``from ... import ... as ...`` statements above
 them say which module each comes from (:func:`registered_domains`, a few milliseconds, cached).

@@ -1,207 +1,63 @@
 """User simulators: the other side of a tau-bench conversation.
 
-Two implementations behind the :class:`UserSimulator` protocol, one instance per episode:
+Two implementations behind the :class:`UserSimulator` protocol (:mod:`rollout.benchmarks.tau2.user_api`),
+one instance per episode, built by :func:`make_user`:
 
-* :class:`ScriptedUser` — deterministic and LLM-free, built from the task's user scenario: it
-  opens with the reason for the call and the known info, answers the agent's questions from that
-  info, and stops once the agent says something that is not a question. Runs and tests need no
-  API key with it.
-* :class:`LLMUser` — any OpenAI-compatible chat endpoint through ``litellm.acompletion`` (async:
-  it never blocks the event loop), prompted with tau2's own user-simulator guidelines and the
-  task's scenario, as tau2's ``UserSimulator`` does.
+* :class:`ScriptedUser` (:mod:`rollout.benchmarks.tau2.scripted_user`) — deterministic and
+  LLM-free, built from the task's user scenario. Runs and tests need no API key with it.
+* :class:`LLMUser` (here) — any OpenAI-compatible chat endpoint through ``litellm.acompletion``
+  (async: it never blocks the event loop), prompted with tau2's own user-simulator guidelines and
+  the task's scenario, as tau2's ``UserSimulator`` does.
 
 Dual control (tau2 telecom, where the user has tools of its own on the user's phone): the
 environment hands the user simulator a :class:`UserTools` (``bind_tools``, before ``start``) and
 both simulators act through it. :class:`LLMUser` offers the tools to its LLM (OpenAI tool calling,
 with tau2's tool-using guidelines, ``simulation_guidelines_tools.md``) and runs what it calls
-before it answers; :class:`ScriptedUser` replays the task's gold user actions
-(:func:`gold_segments`), one block per agent message, and says its case number
-(:func:`case_reference`) so that the local gold-replay policy can tell tasks with the same
-opening apart. The agent never sees the user's tool calls, only its text.
+before it answers; :class:`ScriptedUser` replays the task's gold user actions. The agent never
+sees the user's tool calls, only its text.
 
-Failures of the LLM endpoint are retried here, not by litellm (it is called with
-``num_retries=0``): transient ones (HTTP 429, honouring ``Retry-After``; 5xx answers; connection
-errors; timeouts) up to ``env.user.max_retries`` times with jittered exponential back-off; the
-others (400, 401, 403, 404, a malformed answer) fail at once. What still fails raises
-:class:`UserSimulatorError` (the episode's status is then ``user_error``).
-:func:`check_user_simulator` finds set-up failures (no API key, dead endpoint, rejected key)
-before any episode runs.
-
-Stop signals are tau2's: ``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``.
+Failures of the LLM endpoint are retried here, not by litellm (:mod:`rollout.benchmarks.tau2.user_retry`
+sorts them): transient ones up to ``env.user.max_retries`` times with jittered exponential
+back-off; the others fail at once. What still fails raises :class:`UserSimulatorError` (the
+episode's status is then ``user_error``). :func:`check_user_simulator` finds set-up failures (no
+API key, dead endpoint, rejected key) before any episode runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import email.utils
-import hashlib
 import importlib.util
 import json
 import logging
 import os
 import random
-import re
 import threading
-import time
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any
 
+from rollout.benchmarks.tau2.scripted_user import CASE_REFERENCE_RE, ScriptedUser, case_reference, gold_segments
+from rollout.benchmarks.tau2.user_api import (
+    AGENT_GREETING,
+    OUT_OF_SCOPE,
+    STOP,
+    STOP_SIGNALS,
+    TRANSFER,
+    UserReply,
+    UserSimulator,
+    UserTools,
+    is_stop,
+    user_api_key,
+)
+from rollout.benchmarks.tau2.user_retry import CallFailure, backoff_s, classify_failure, one_line, parse_retry_after
 from rollout.core.config import UserConfig
 from rollout.core.environment import UserSimulatorError
 
 logger = logging.getLogger(__name__)
 
-STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
-STOP_SIGNALS = (STOP, TRANSFER, OUT_OF_SCOPE)
-# tau2's LLM agent opens every conversation with this greeting; the user simulator answers it.
-AGENT_GREETING = "Hi! How can I help you today?"
+_parse_retry_after = parse_retry_after  # the name tests have used
 
-
-@dataclass(frozen=True)
-class UserReply:
-    """One user turn. ``stop`` is True when the user ended the conversation (``text`` keeps the signal)."""
-
-    text: str
-    stop: bool
-
-    @property
-    def transfer(self) -> bool:
-        return TRANSFER in self.text
-
-
-def is_stop(text: str) -> bool:
-    return any(s in text for s in STOP_SIGNALS)
-
-
-@dataclass(frozen=True)
-class UserTools:
-    """The user's own tools in a dual-control domain (tau2 telecom), handed to the user simulator
-    by the environment (``bind_tools``) before the conversation starts.
-
-    Attributes:
-        schemas: OpenAI-style function schemas of the user's tools (tau2's
-            ``Environment.get_user_tools()``).
-        call: ``await call(name, arguments) -> (content, error)``: runs one tool call in the
-            user's side of the episode's environment (off the event loop, bounded; see
-            :meth:`rollout.benchmarks.tau2.environment.Tau2Environment._user_tool`), records it for tau2's
-            evaluator and returns tau2's tool message content and whether it is an error. It
-            raises ``EnvironmentStepError`` when the environment fails (the episode then ends
-            ``env_error``).
-    """
-
-    schemas: tuple[dict, ...]
-    call: Callable[[str, dict], Awaitable[tuple[str, bool]]]
-
-    @property
-    def names(self) -> list[str]:
-        """The tool names, in schema order."""
-        return [s["function"]["name"] for s in self.schemas]
-
-
-def case_reference(task_id: str) -> str:
-    """The case number the scripted user gives in dual-control domains: ``TC-`` and the first 10
-    hex digits of the sha256 of the task id. Opaque (it says nothing of the task's faults) and
-    unique per task, so the local gold-replay policy can find the task of a conversation whose
-    opening many tasks share (telecom's 114 base tasks have 3 distinct reasons for calling)."""
-    return "TC-" + hashlib.sha256(str(task_id).encode()).hexdigest()[:10]
-
-
-CASE_REFERENCE_RE = re.compile(r"case number is (TC-[0-9a-f]{10})")
-
-
-def gold_segments(task: Any) -> list[tuple[str, list[tuple[str, dict]]]]:
-    """A task's gold actions (``evaluation_criteria.actions``) in order, grouped into maximal runs
-    by requestor: ``[("assistant" | "user", [(tool name, arguments), ...]), ...]``. The user's runs
-    are what the scripted user replays, one per agent message; the local gold-replay policy hands
-    over to the user before each of them. Tasks without gold actions give ``[]``.
-    """
-    crit = task.evaluation_criteria
-    segments: list[tuple[str, list[tuple[str, dict]]]] = []
-    for a in (crit.actions or []) if crit is not None else []:
-        who = "user" if a.requestor == "user" else "assistant"
-        if not segments or segments[-1][0] != who:
-            segments.append((who, []))
-        segments[-1][1].append((a.name, dict(a.arguments)))
-    return segments
-
-
-class UserSimulator(Protocol):
-    """One simulated user for one episode. In a dual-control domain the environment first calls
-    the simulator's ``bind_tools(tools: UserTools)`` (simulators without it cannot serve such
-    domains: the episode ends ``user_error``)."""
-
-    async def start(self) -> str:
-        """Return the user's opening message."""
-        ...
-
-    async def respond(self, agent_message: str) -> UserReply:
-        """Answer the agent's text message."""
-        ...
-
-
-def _instruction_fields(task: Any) -> tuple[str, str]:
-    """(reason_for_call, known_info) of a tau2 task; plain-string instructions give (text, "")."""
-    ins = task.user_scenario.instructions
-    if isinstance(ins, str):
-        return ins.strip(), ""
-    return (ins.reason_for_call or "").strip(), (ins.known_info or "").strip()
-
-
-class ScriptedUser:
-    """Deterministic user built from a tau2 task's scenario (no LLM).
-
-    It opens with the reason for the call and the known info, answers the agent's questions with
-    that info and stops once the agent says something that is not a question. With user tools
-    (dual control, :meth:`bind_tools`) it also says its :func:`case_reference` in the opening and
-    replays the task's gold user actions: each agent message is answered by the next block of
-    them (:func:`gold_segments`), run through the tools, and a text that reports their results;
-    once they are all done it behaves as above.
-
-    Args:
-        task: a ``tau2.data_model.tasks.Task``.
-        max_answers: answers given before the user stops regardless (bounds a looping agent;
-            replayed blocks are not counted, there are finitely many).
-    """
-
-    def __init__(self, task: Any, max_answers: int = 8):
-        self.reason, self.known = _instruction_fields(task)
-        self.task_id = str(task.id)
-        self.max_answers = max_answers
-        self.answers = 0
-        self._blocks = [acts for who, acts in gold_segments(task) if who == "user"]
-        self._tools: UserTools | None = None
-        self.tool_calls = 0  # user tool calls made
-
-    def bind_tools(self, tools: UserTools) -> None:
-        """Take the user's tools (dual control); call it before :meth:`start`."""
-        self._tools = tools
-
-    async def start(self) -> str:
-        text = f"Hi! {self.reason}" + (f"\n{self.known}" if self.known else "")
-        if self._tools is not None:
-            text += f"\nMy case number is {case_reference(self.task_id)}."
-        return text
-
-    async def respond(self, agent_message: str) -> UserReply:
-        """Answer the agent (see the class).
-
-        Raises:
-            EnvironmentStepError: a replayed tool call failed in the environment (from
-                :attr:`UserTools.call`).
-        """
-        if self._tools is not None and self._blocks:
-            lines = []
-            for name, args in self._blocks.pop(0):
-                content, _ = await self._tools.call(name, copy.deepcopy(args))
-                self.tool_calls += 1
-                lines.append(f"- {name}: {content}")
-            return UserReply("I did that on my side. What I got:\n" + "\n".join(lines), stop=False)
-        if "?" not in agent_message or self.answers >= self.max_answers:
-            return UserReply(STOP, stop=True)
-        self.answers += 1
-        info = self.known or self.reason
-        return UserReply(f"{info}\nYes, please go ahead.", stop=False)
+__all__ = ["AGENT_GREETING", "CASE_REFERENCE_RE", "LLMUser", "OUT_OF_SCOPE", "STOP", "STOP_SIGNALS", "ScriptedUser", "TRANSFER",
+           "UserReply", "UserSimulator", "UserSimulatorError", "UserTools", "case_reference", "check_user_simulator", "gold_segments",
+           "is_stop", "make_user", "user_api_key", "user_prompt_parts"]
 
 
 # -- helpers shared by LLMUser and check_user_simulator -------------------------------------------
@@ -272,159 +128,6 @@ async def _litellm_off_loop(timeout_s: float):
     if _LITELLM is not None:
         return _LITELLM
     return await asyncio.wait_for(asyncio.to_thread(_import_litellm), timeout_s)
-
-
-def user_api_key(cfg: UserConfig) -> str:
-    """The API key named by ``cfg.api_key_env`` ("" when no variable is configured).
-
-    Raises:
-        UserSimulatorError: the variable is configured but unset or empty.
-    """
-    if not cfg.api_key_env:
-        return ""
-    key = os.environ.get(cfg.api_key_env, "")
-    if not key.strip():
-        raise UserSimulatorError(f"environment variable {cfg.api_key_env} (env.user.api_key_env) is not set or empty")
-    return key
-
-
-def _one_line(text: str, key: str = "", limit: int = 300) -> str:
-    """``text`` on one line, at most ``limit`` characters, with ``key`` (if any) masked."""
-    if key:
-        text = text.replace(key, "***")
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# litellm's messages repeat the class names: "litellm.RateLimitError: RateLimitError: OpenAIException - slow down"
-_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+:\s*|\w+Error:\s*|OpenAIException\s*-\s*)+")
-
-
-def _short(e: BaseException, key: str = "") -> str:
-    """``ClassName: message`` of a litellm exception, on one line, without litellm's repeated prefixes."""
-    text = _LITELLM_PREFIX.sub("", _one_line(str(e), key, 400)) or "(no message)"
-    return _one_line(f"{type(e).__name__}: {text}", "", 200)
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """What a failed endpoint call means for the retry policy."""
-
-    transient: bool
-    status: int | None  # HTTP status of a real answer (None: no answer, or a malformed one)
-    retry_after: float | None  # seconds asked for by a Retry-After header, if any
-    summary: str  # one line, without the key
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen and len(out) < 20:
-        seen.add(id(cur))
-        out.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    return out
-
-
-def _response_headers(e: BaseException) -> Any:
-    """The HTTP headers of the answer behind a litellm exception, or None.
-
-    litellm 1.106 keeps the real headers in ``e.litellm_response_headers`` (an ``httpx.Headers``);
-    ``e.response`` is a stand-in ``httpx.Response`` with no headers (seen against a local server).
-    """
-    for obj in _chain(e):
-        h = getattr(obj, "litellm_response_headers", None)
-        if h:
-            return h
-        resp = getattr(obj, "response", None)
-        h = getattr(resp, "headers", None)
-        if h:
-            return h
-    return None
-
-
-def _parse_retry_after(headers: Any, now: float | None = None) -> float | None:
-    """Seconds asked for by ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP-date), or None."""
-    if headers is None:
-        return None
-
-    def get(name: str) -> str | None:
-        try:
-            v = headers.get(name)
-            if v is None and isinstance(headers, dict):  # plain dicts are case-sensitive
-                v = {str(k).lower(): x for k, x in headers.items()}.get(name)
-            return None if v is None else str(v).strip()
-        except Exception:
-            return None
-
-    ms = get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    v = get("retry-after")
-    if not v:
-        return None
-    try:
-        return max(0.0, float(v))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(v)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _classify(e: BaseException, key: str = "") -> _Failure:
-    """Sort a failed ``litellm.acompletion`` call into transient (retry) or not.
-
-    Transient: no answer at all (connection refused or dropped, a timeout), HTTP 408 / 429, and
-    real 5xx answers. Not transient: other 4xx (400, 401, 403, 404, ...) and malformed answers
-    (litellm reports a 200 whose body is not JSON as a "500" InternalServerError; the cause chain
-    tells it apart from a real 500).
-    """
-    import httpx
-    import openai
-
-    litellm = _import_litellm()
-    chain = _chain(e)
-    short = _short(e, key)
-    if any(isinstance(x, json.JSONDecodeError) for x in chain):
-        return _Failure(False, None, None, f"malformed answer ({short})")
-    conn_types: tuple[type, ...] = (openai.APIConnectionError, httpx.TransportError, ConnectionError, TimeoutError,
-                                    litellm.Timeout, litellm.APIConnectionError)
-    try:
-        import aiohttp
-
-        conn_types += (aiohttp.ClientConnectionError,)
-    except ImportError:  # pragma: no cover
-        pass
-    status = getattr(e, "status_code", None)
-    status = status if isinstance(status, int) else None
-    headers = _response_headers(e)
-    if any(isinstance(x, conn_types) for x in chain) and not (status is not None and status >= 500 and headers):
-        what = "timed out" if any(isinstance(x, (TimeoutError, httpx.TimeoutException, litellm.Timeout)) for x in chain) else "no answer"
-        return _Failure(True, None, None, f"{what} ({short})")
-    real_answer = headers is not None or any(isinstance(x, (openai.APIStatusError, httpx.HTTPStatusError)) for x in chain[1:])
-    if status is not None and real_answer:
-        transient = status in (408, 429) or 500 <= status < 600
-        return _Failure(transient, status, _parse_retry_after(headers) if transient else None, f"HTTP {status} ({short})")
-    return _Failure(False, status if real_answer else None, None, short)
-
-
-def _backoff(retry: int, cfg: UserConfig, failure: _Failure, rng: random.Random) -> float:
-    """Seconds to wait before retry number ``retry`` (1-based): the Retry-After the server asked for,
-    else ``retry_backoff_s * 2**(retry-1)`` with jitter (x0.5-1.0); both capped at ``max_retry_wait_s``."""
-    cap = max(0.0, cfg.max_retry_wait_s)
-    if failure.retry_after is not None:
-        return min(failure.retry_after, cap)
-    base = min(cap, cfg.retry_backoff_s * (2 ** (retry - 1)))
-    return base * rng.uniform(0.5, 1.0)
 
 
 class LLMUser:
@@ -503,7 +206,7 @@ class LLMUser:
         except asyncio.TimeoutError:
             raise UserSimulatorError(f"loading tau2's user-simulator prompt and litellm took over {bound:g}s") from None
         except Exception as e:
-            raise UserSimulatorError(f"cannot load tau2's user-simulator prompt or litellm: {_one_line(repr(e))}") from None
+            raise UserSimulatorError(f"cannot load tau2's user-simulator prompt or litellm: {one_line(repr(e))}") from None
         if not self.history:
             self.history = [{"role": "system", "content": system}]
 
@@ -555,7 +258,7 @@ class LLMUser:
             except json.JSONDecodeError:
                 args = None
             if not isinstance(name, str) or not isinstance(args, dict):
-                raise UserSimulatorError(f"user simulator returned a malformed tool call: {_one_line(repr((name, raw)), self.api_key, 200)}")
+                raise UserSimulatorError(f"user simulator returned a malformed tool call: {one_line(repr((name, raw)), self.api_key, 200)}")
             calls.append((str(getattr(tc, "id", None) or f"user_tool_{self.calls}_{i}"), name, args))
         if not calls and (not isinstance(text, str) or not text.strip()):
             raise UserSimulatorError("user simulator returned no text (malformed answer)")
@@ -578,14 +281,14 @@ class LLMUser:
                 raise
             except Exception as e:  # litellm raises many types: sort them
                 if isinstance(e, asyncio.TimeoutError):
-                    failure = _Failure(True, None, None, f"timed out after {self.cfg.timeout_s:g}s")
+                    failure = CallFailure(True, None, None, f"timed out after {self.cfg.timeout_s:g}s")
                 else:
-                    failure = _classify(e, self.api_key)
+                    failure = classify_failure(e, self.api_key, _import_litellm())
                 if not failure.transient:
                     raise UserSimulatorError(f"user simulator call failed (not retried): {failure.summary}") from None
                 if attempt == attempts:
                     raise UserSimulatorError(f"user simulator call failed after {attempts} attempts: {failure.summary}") from None
-                wait = _backoff(attempt, self.cfg, failure, self._rng)
+                wait = backoff_s(attempt, self.cfg, failure, self._rng)
                 self.retries += 1
                 logger.warning("user simulator call failed (%s); retry %d/%d in %.2fs", failure.summary, attempt, self.cfg.max_retries, wait)
                 await asyncio.sleep(wait)
@@ -691,7 +394,7 @@ async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None
                 status = resp.status
                 body = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        what = f"no answer within {timeout_s:g}s" if isinstance(e, asyncio.TimeoutError) else _one_line(f"{type(e).__name__}: {e}", key, 200)
+        what = f"no answer within {timeout_s:g}s" if isinstance(e, asyncio.TimeoutError) else one_line(f"{type(e).__name__}: {e}", key, 200)
         raise UserSimulatorError(f"user simulator endpoint {base} does not answer (GET /models: {what})") from None
     if status in (401, 403):
         raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (GET /models: HTTP {status})")
@@ -725,7 +428,7 @@ async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, wh
     except asyncio.TimeoutError:
         raise UserSimulatorError(f"user simulator endpoint {base} does not answer ({why}; a test chat completion had no answer within {timeout_s:g}s)") from None
     except Exception as e:
-        f = _classify(e, key)
+        f = classify_failure(e, key, litellm)
         if f.status in (401, 403):
             raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (test chat completion: HTTP {f.status})") from None
         if f.status is None and f.transient:

@@ -1,6 +1,6 @@
-"""The child process of :class:`rollout.benchmarks.tau_bench.environment.TauBenchToolSandbox`.
+"""The child process of :class:`rollout.benchmarks.tau_bench.guards.TauBenchToolSandbox`.
 
-Kept apart from :mod:`rollout.benchmarks.tau_bench.environment` so that the child (started with ``spawn``)
+Kept apart from :mod:`rollout.benchmarks.tau_bench.guards` so that the child (started with ``spawn``)
 imports only the standard library, :mod:`rollout.core.fate` and the tau-bench tool classes it runs.
 """
 

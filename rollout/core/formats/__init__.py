@@ -1,8 +1,20 @@
-"""Chat formats: rendering a conversation to token ids and deltas (:class:`ChatTemplate`, exact
-delta tokenization with a model's own chat template) and parsing one assistant turn
-(:func:`parse_turn`, the Qwen3 / Hermes ``<tool_call>`` format)."""
+"""Chat formats: a model family's rendering of a conversation to token ids and deltas, and its
+reading of one assistant turn, behind the :class:`ChatFormat` Protocol (the seam the episode loop
+and the worker use) and a registry of families (:func:`get_chat_format`).
 
-from rollout.core.formats.hermes import MAX_CALL_CHARS, ParsedTurn, ParseError, ToolCall, parse_turn
-from rollout.core.formats.template import ChatTemplate, TemplateError, TemplateReport
+Modules: :mod:`~rollout.core.formats.protocol` (the Protocol and the types every format shares),
+:mod:`~rollout.core.formats.registry` (name -> factory; ``hermes`` built in),
+:mod:`~rollout.core.formats.template` (:class:`ChatTemplate`, exact delta tokenization with a
+tokenizer's own chat template), :mod:`~rollout.core.formats.probe` (its start-up probe),
+:mod:`~rollout.core.formats.codec` (GIL-free tokenizer calls), :mod:`~rollout.core.formats.hermes`
+(:func:`parse_turn`, the Qwen3 / Hermes ``<tool_call>`` parser).
+"""
 
-__all__ = ["MAX_CALL_CHARS", "ChatTemplate", "ParseError", "ParsedTurn", "TemplateError", "TemplateReport", "ToolCall", "parse_turn"]
+from rollout.core.formats.hermes import MAX_CALL_CHARS, parse_turn
+from rollout.core.formats.protocol import ChatFormat, ParsedTurn, ParseError, TemplateError, TemplateReport, ToolCall, TurnParser
+from rollout.core.formats.registry import DEFAULT_CHAT_FORMAT, ChatFormatFactory, chat_formats, get_chat_format, register_chat_format
+from rollout.core.formats.template import ChatTemplate
+
+__all__ = ["DEFAULT_CHAT_FORMAT", "MAX_CALL_CHARS", "ChatFormat", "ChatFormatFactory", "ChatTemplate", "ParseError", "ParsedTurn",
+           "TemplateError", "TemplateReport", "ToolCall", "TurnParser", "chat_formats", "get_chat_format", "parse_turn",
+           "register_chat_format"]

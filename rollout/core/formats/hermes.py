@@ -5,13 +5,17 @@ A turn is optional reasoning (``<think>...</think>``), optional text, and at mos
 as in the seed's tool instruction). Anything else is a :class:`ParseError` with a short reason that
 can be fed back to the model (``policy.on_parse_error=feedback``) or end the episode
 (``policy.on_parse_error=abort``). The parser never raises anything but :class:`ParseError`.
+
+This is the parser of the ``hermes`` chat format (:mod:`rollout.core.formats.registry`), the
+format of Qwen2.5 / Qwen3 and of SGLang's and vLLM's ``hermes`` tool-call parser.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
+
+from rollout.core.formats.protocol import ParsedTurn, ParseError, ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -19,50 +23,7 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # happen to close the tag; tau2's longest gold arguments are well under 2 kB).
 MAX_CALL_CHARS = 32_768
 
-
-class ParseError(ValueError):
-    """The assistant turn is not a valid reply or tool call; ``str(e)`` is fed back to the model."""
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed tool call. ``arguments`` is a JSON object."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ParsedTurn:
-    """One parsed assistant turn.
-
-    Attributes:
-        content: visible text (reasoning and the tool-call block removed), stripped.
-        tool_call: the call, or ``None`` for a plain text reply.
-        reasoning: text of the ``<think>`` block, or ``None``.
-    """
-
-    content: str
-    tool_call: ToolCall | None
-    reasoning: str | None = None
-
-    def to_message(self, call_id: str | None = None) -> dict[str, Any]:
-        """The OpenAI chat-completions assistant message: ``content``, ``reasoning_content`` when the
-        turn had a ``<think>`` block, and for a tool call ``tool_calls: [{"id", "type": "function",
-        "function": {"name", "arguments"}}]`` with ``arguments`` a JSON string, as OpenAI sends it
-        (and as tau2's ``to_litellm_messages`` writes its own messages).
-
-        Args:
-            call_id: the tool call's id (the tool message that answers it carries it as
-                ``tool_call_id``); ``None``: ``"call_0"``.
-        """
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.reasoning is not None:
-            msg["reasoning_content"] = self.reasoning
-        if self.tool_call is not None:
-            msg["tool_calls"] = [{"id": call_id or "call_0", "type": "function",
-                                  "function": {"name": self.tool_call.name, "arguments": json.dumps(self.tool_call.arguments, ensure_ascii=False)}}]
-        return msg
+__all__ = ["CALL_CLOSE", "CALL_OPEN", "MAX_CALL_CHARS", "THINK_CLOSE", "THINK_OPEN", "ParseError", "ParsedTurn", "ToolCall", "parse_turn"]
 
 
 def _split_reasoning(text: str) -> tuple[str | None, str]:

@@ -15,7 +15,8 @@ The delta is rendered after a fixed one-turn dummy conversation whose assistant 
 marker, and cut right after the marker's end-of-turn text. It therefore does not depend on how the
 template renders earlier turns (Qwen3 drops earlier ``<think>`` blocks once a new user turn
 arrives, so re-rendering history is not prefix-stable). :meth:`ChatTemplate.probe` checks, for the
-configured tokenizer, that this construction is sound and reports which renderings are prefix-stable.
+configured tokenizer, that this construction is sound and reports which renderings are prefix-stable
+(:mod:`rollout.core.formats.probe`).
 
 Per turn, the delta of one message is not rendered again: the template's text around a message's
 content is probed once per role (rendering the delta of marker contents) and the delta is then
@@ -24,14 +25,24 @@ content verbatim. The probe checks that with several contents (surrounding white
 JSON, a stop signal); a role whose check fails, a message with keys other than ``role`` and
 ``content``, a non-string or blank content, and several messages at once are rendered with the
 template as before. Each turn's tokenizer work is then the encoding of the new text alone.
+
+A :class:`ChatTemplate` with a turn parser is a whole :class:`~rollout.core.formats.protocol.ChatFormat`:
+the ``hermes`` format (:mod:`rollout.core.formats.registry`) is one with the Qwen3 / Hermes parser,
+and a model family whose tokenizer's chat template can be used needs only a parser of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
+
+from rollout.core.formats.codec import gil_free_codec
+from rollout.core.formats.hermes import parse_turn
+from rollout.core.formats.probe import probe_template
+from rollout.core.formats.protocol import ParsedTurn, TemplateError, TemplateReport, TurnParser
+
+__all__ = ["INLINE_MAX_CHARS", "INLINE_MAX_IDS", "PROMPT_PREFIX_CACHE", "ChatTemplate", "TemplateError", "TemplateReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,74 +59,26 @@ INLINE_MAX_CHARS = 400
 PROMPT_PREFIX_CACHE = 16  # distinct prompt prefixes (system prompt + tools) kept per template
 
 
-class TemplateError(RuntimeError):
-    """The chat template cannot be used for exact delta tokenization; the message says why."""
-
-
-@dataclass
-class TemplateReport:
-    """What :meth:`ChatTemplate.probe` found.
-
-    Attributes:
-        end_of_turn: the text that closes an assistant turn (e.g. ``<|im_end|>``).
-        turn_tail: template text after the end-of-turn that the server never generates
-            (``"\\n"`` for Qwen3); it opens every delta.
-        prefix_stable: per case, whether rendering the history alone is a prefix of rendering it
-            with the next message (``False`` is expected for Qwen3 after a thinking turn: that is
-            why history is never re-rendered).
-        delta_independent: per case, whether the delta of a message is the same whatever the
-            previous assistant turn contained (required: False is fatal).
-        canonical_boundary: per case, whether tokenizing the delta on its own gives the same ids as
-            tokenizing the whole rendered text (False is not fatal: the trajectory is still what
-            the policy saw, but not the canonical tokenization).
-        verbatim_roles: per role (``user``, ``tool``), whether a one-message delta is taken from
-            the probed affixes around its content (True) or rendered every time (False; slower,
-            equally exact).
-        problems: fatal findings; empty when the template is usable.
-    """
-
-    end_of_turn: str
-    turn_tail: str
-    prefix_stable: dict[str, bool] = field(default_factory=dict)
-    delta_independent: dict[str, bool] = field(default_factory=dict)
-    canonical_boundary: dict[str, bool] = field(default_factory=dict)
-    verbatim_roles: dict[str, bool] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def summary(self) -> str:
-        def fmt(d: dict[str, bool]) -> str:
-            return ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in d.items())
-
-        lines = [
-            f"end of turn {self.end_of_turn!r}, tail after it {self.turn_tail!r}",
-            f"prefix-stable re-rendering: {fmt(self.prefix_stable)}",
-            f"delta independent of earlier turns: {fmt(self.delta_independent)}",
-            f"canonical tokenization at turn boundaries: {fmt(self.canonical_boundary)}",
-            f"delta from probed affixes (no rendering per turn): {fmt(self.verbatim_roles)}",
-        ]
-        lines += [f"PROBLEM: {p}" for p in self.problems]
-        return "\n".join(lines)
-
-
 class ChatTemplate:
-    """Renders prompts and message deltas to token ids with one tokenizer's chat template.
+    """Renders prompts and message deltas to token ids with one tokenizer's chat template, and
+    reads assistant turns with a turn parser: a :class:`~rollout.core.formats.protocol.ChatFormat`.
 
     Args:
         tokenizer: a ``transformers`` tokenizer with a chat template.
         tools: OpenAI-style tool schemas given to the template (rendered into the system turn).
         template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g.
             ``{"enable_thinking": False}`` for Qwen3).
+        parser: reads one assistant turn (:meth:`parse_turn`); default: the Qwen3 / Hermes
+            ``<tool_call>`` parser, :func:`rollout.core.formats.hermes.parse_turn`.
 
     Raises:
         TemplateError: the tokenizer has no EOS token to close assistant turns with.
     """
 
-    def __init__(self, tokenizer, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None):
+    def __init__(self, tokenizer, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
+                 parser: TurnParser = parse_turn):
         self.tokenizer = tokenizer
+        self.parser = parser
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
         eot = getattr(tokenizer, "eos_token", None)
@@ -131,19 +94,21 @@ class ChatTemplate:
         # never waits on this lock: it encodes and decodes in executor threads, or itself for a
         # short text when the lock is free (try_decode_now, try_delta_ids_now).
         self._lock = threading.Lock()
-        # The Rust backend's batch calls, which release the GIL (see _gil_free_codec), or None.
-        self._codec = _gil_free_codec(tokenizer)
+        # The Rust backend's batch calls, which release the GIL (see gil_free_codec), or None.
+        self._codec = gil_free_codec(tokenizer)
         # prompt_ids: ids of shared prompt prefixes (system prompt + tools), and prefixes whose
         # halves did not tokenize apart; the special tokens a prompt may be cut before.
         self._prefix_ids: dict[str, list[int]] = {}
         self._prefix_refused: set[str] = set()
         self._cut_tokens: tuple[str, ...] = _cut_tokens(tokenizer)
         # role -> (prefix, suffix) of a one-message delta, or None where the template does not
-        # copy the content verbatim (probed once per role, see _affixes).
+        # copy the content verbatim (probed once per role, see verbatim_affixes).
         self._role_affixes: dict[str, tuple[str, str] | None] = {}
 
     # -- rendering ---------------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: bool = True) -> str:
+        """The template's text of ``messages`` (with the tools unless ``tools`` is False, and the
+        generation prompt if ``add_generation_prompt``). Blocking."""
         return self.tokenizer.apply_chat_template(
             messages,
             tools=self.tools if tools else None,
@@ -210,7 +175,7 @@ class ChatTemplate:
     @property
     def releases_gil(self) -> bool:
         """Whether :meth:`encode` and :meth:`decode` run in the Rust backend with the GIL released
-        (see :func:`_gil_free_codec`); False means the ``transformers`` calls, which hold it."""
+        (see :func:`~rollout.core.formats.codec.gil_free_codec`); False means the ``transformers`` calls, which hold it."""
         return self._codec is not None
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
@@ -258,15 +223,28 @@ class ChatTemplate:
         lo = max(0, pos - 256)
         return max((text.rfind(tok, lo, pos) for tok in self._cut_tokens), default=-1)
 
-    def _delta_text(self, messages: list[dict], previous_assistant: dict | None = None) -> str:
-        prev = previous_assistant or {"role": "assistant", "content": _MARK}
+    def render_delta(self, messages: list[dict], after: dict | None = None) -> str:
+        """The delta of ``messages`` as the template renders it (never from the probed affixes,
+        unlike :meth:`delta_text`): its text from just after an assistant turn's end-of-turn
+        through the next generation prompt, rendered after a one-turn dummy conversation.
+
+        Args:
+            messages: the non-assistant messages that follow the turn.
+            after: the assistant turn they follow (the probe varies its shape: with reasoning,
+                with a tool call); ``None``: a fixed turn, which must end with the EOS text.
+
+        Raises:
+            TemplateError: the template drops the turn's content, or does not close it with its
+                EOS text.
+        """
+        prev = {"role": "assistant", "content": _MARK} if after is None else {**after, "content": (after.get("content") or "") + _MARK}
         base = [_DUMMY_SYSTEM, _DUMMY_USER, prev]
         full = self.render(base + list(messages), add_generation_prompt=True, tools=False)
         at = full.find(_MARK)  # the first: a message after it may hold the marker text too
         if at < 0:
             raise TemplateError("the chat template dropped the previous assistant turn's content")
         end = at + len(_MARK)
-        if previous_assistant is None:
+        if after is None:
             if not full.startswith(self.end_of_turn, end):
                 raise TemplateError(
                     f"the chat template does not close an assistant turn with the EOS text {self.end_of_turn!r} "
@@ -278,6 +256,8 @@ class ChatTemplate:
                 raise TemplateError("the chat template does not close the assistant turn with its EOS text")
         return full[end + len(self.end_of_turn) :]
 
+    _delta_text = render_delta  # its earlier name (tests/unit/test_chat.py compares delta_text with it)
+
     # Contents the per-role probe renders: the template must copy each one verbatim.
     _PROBE_CONTENTS = (
         _CONTENT_MARK,
@@ -287,19 +267,24 @@ class ChatTemplate:
         f"###STOP### {_CONTENT_MARK}",
     )
 
-    def _affixes(self, role: str) -> tuple[str, str] | None:
+    def verbatim_affixes(self, role: str) -> tuple[str, str] | None:
         """``(prefix, suffix)`` such that the delta of ``{"role": role, "content": c}`` is
-        ``prefix + c + suffix`` for every probed content, or None (probed once per role)."""
+        ``prefix + c + suffix`` for every probed content, or None (probed once per role, by
+        rendering; blocking the first time).
+
+        Raises:
+            TemplateError: the template does not close assistant turns with its EOS text.
+        """
         if role in self._role_affixes:
             return self._role_affixes[role]
         found: tuple[str, str] | None = None
         try:
-            text = self._delta_text([{"role": role, "content": _CONTENT_MARK}])
+            text = self.render_delta([{"role": role, "content": _CONTENT_MARK}])
             if text.count(_CONTENT_MARK) == 1:
                 at = text.index(_CONTENT_MARK)
                 found = (text[:at], text[at + len(_CONTENT_MARK):])
                 for content in self._PROBE_CONTENTS[1:]:
-                    if self._delta_text([{"role": role, "content": content}]) != found[0] + content + found[1]:
+                    if self.render_delta([{"role": role, "content": content}]) != found[0] + content + found[1]:
                         found = None
                         break
         except TemplateError:
@@ -322,10 +307,10 @@ class ChatTemplate:
         """
         plain = _plain_message(messages)
         if plain is not None:
-            affixes = self._affixes(plain[0])
+            affixes = self.verbatim_affixes(plain[0])
             if affixes is not None:
                 return affixes[0] + plain[1] + affixes[1]
-        return self._delta_text(messages)
+        return self.render_delta(messages)
 
     def delta_ids(self, messages: list[dict]) -> list[int]:
         """Ids to append after an assistant turn closed by its end-of-turn token.
@@ -356,57 +341,29 @@ class ChatTemplate:
         n = len(self.eot_ids)
         return len(generated_ids) >= n and generated_ids[-n:] == self.eot_ids
 
-    # -- probe ---------------------------------------------------------------------------------
-    def probe(self) -> TemplateReport:
-        """Check that exact delta tokenization works with this template; report prefix stability.
+    # -- parsing -------------------------------------------------------------------------------
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None = None) -> ParsedTurn:
+        """One assistant turn's decoded text (end-of-turn tokens removed), read by :attr:`parser`.
 
-        Cases cover the roles in use: a user turn and a tool result after an assistant turn with
-        and without ``<think>`` reasoning and with a tool call.
+        Args:
+            text: the turn's text, special tokens kept.
+            tool_names: the tools the environment offers; a call to another is a ParseError.
+                ``None`` skips that check.
+
+        Raises:
+            ParseError: the text is not a valid reply or tool call (and nothing else).
+        """
+        return self.parser(text, tool_names)
+
+    # -- the start-up probe ---------------------------------------------------------------------
+    def probe(self) -> TemplateReport:
+        """Check that exact delta tokenization works with this template; report prefix stability
+        (:func:`rollout.core.formats.probe.probe_template`).
 
         Returns:
             A :class:`TemplateReport`; ``report.ok`` is False when the delta construction is unsound.
         """
-        rep = TemplateReport(end_of_turn=self.end_of_turn, turn_tail="")
-        try:
-            rep.turn_tail = self.turn_tail
-            self._delta_text([{"role": "user", "content": "x"}])
-        except TemplateError as e:
-            rep.problems.append(str(e))
-            return rep
-        call = {"type": "function", "function": {"name": "lookup", "arguments": {"id": "1"}}}
-        assistants = {
-            "plain": {"role": "assistant", "content": "Sure."},
-            "thinking": {"role": "assistant", "content": "<think>\nreasoning\n</think>\n\nSure."},
-            "tool_call": {"role": "assistant", "content": "", "tool_calls": [call]},
-        }
-        nexts = {
-            "user": [{"role": "user", "content": "Next question?"}],
-            "tool": [{"role": "tool", "content": '{"ok": true}'}],
-        }
-        for nk, new in nexts.items():
-            ref = self._delta_text(new)
-            for ak, asst in assistants.items():
-                case = f"{nk}_after_{ak}"
-                hist = [_DUMMY_SYSTEM, _DUMMY_USER, asst]
-                rep.prefix_stable[case] = self.render(hist + new, True, tools=False).startswith(self.render(hist, False, tools=False))
-                # Delta of `new` when the previous assistant turn had this shape (marker inside).
-                marked = dict(asst)
-                marked["content"] = (asst["content"] or "") + _MARK
-                try:
-                    same = self._delta_text(new, previous_assistant=marked) == ref
-                except TemplateError:
-                    same = False
-                rep.delta_independent[case] = same
-                if not same:
-                    rep.problems.append(
-                        f"the template renders a {nk} message differently after an assistant turn of kind "
-                        f"'{ak}': appending deltas cannot reproduce it exactly"
-                    )
-            # Canonical tokenization: ids(prefix) + ids(delta) == ids(prefix + delta)?
-            prefix = self.render([_DUMMY_SYSTEM, _DUMMY_USER], True, tools=False) + "Sure." + self.end_of_turn
-            rep.canonical_boundary[nk] = self.encode(prefix) + self.encode(ref) == self.encode(prefix + ref)
-            rep.verbatim_roles[nk] = self._affixes(nk) is not None
-        return rep
+        return probe_template(self)
 
 
 def _plain_message(messages: list[dict]) -> tuple[str, str] | None:
@@ -432,104 +389,3 @@ def _cut_tokens(tokenizer: Any) -> tuple[str, ...]:
                 and not getattr(tok, "lstrip", True) and not getattr(tok, "normalized", True)):
             out.append(content)
     return tuple(out)
-
-
-# --------------------------------------------------------------------------- GIL-free tokenizer calls
-class _RustCodec:
-    """Encode and decode through a fast tokenizer's Rust backend (a ``tokenizers.Tokenizer``):
-    its *batch* calls, which release the GIL while they run (for worker threads), and its plain
-    calls, which hold it (for the event loop's short texts).
-
-    Why: the episode loop tokenizes in worker threads so that the event loop stays free, but a
-    thread only leaves the loop free if it lets go of the GIL. ``transformers``' ``encode`` builds
-    a ``BatchEncoding`` (offsets included) under the GIL and ``Tokenizer.decode`` holds it
-    throughout, while ``encode_batch_fast`` / ``decode_batch`` release it for the Rust work, and
-    ``encode_batch_fast`` skips the offsets. ``python -m rollout.bench turns`` measures both ways
-    side by side (the main thread's lag while a thread tokenizes). The ids and text are the same
-    as ``transformers``' (checked by :func:`_gil_free_codec` before use).
-    """
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self._encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text``, the GIL released meanwhile (for worker threads)."""
-        return self._encode_batch([text], add_special_tokens=False)[0].ids
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids``, the GIL released meanwhile (for worker threads)."""
-        return self._backend.decode_batch([list(ids)], skip_special_tokens=False)[0]
-
-    def encode_holding_gil(self, text: str) -> list[int]:
-        """Ids of ``text`` without releasing the GIL: for the event loop's short texts. A thread
-        that lets the GIL go must take it back, which, while other threads run Python, waits up
-        to the interpreter's switch interval (5 ms): far more than encoding a short text costs.
-        (Measured with ``py-spy``: the loop spent 40% of its busy time in those waits when its
-        short texts went through the releasing calls.)"""
-        return self._backend.encode(text, add_special_tokens=False).ids
-
-    def decode_holding_gil(self, ids: list[int]) -> str:
-        """Text of ``ids`` without releasing the GIL (see :meth:`encode_holding_gil`)."""
-        return self._backend.decode(list(ids), skip_special_tokens=False)
-
-
-def _codec_check_texts(tokenizer: Any) -> list[str]:
-    """Texts on which the Rust calls must give ``transformers``' ids and text: special tokens in
-    running text, JSON, whitespace runs, non-ASCII, and (where the tokenizer has one) a rendered
-    chat with a tool schema."""
-    specials = [t for t in (getattr(tokenizer, "all_special_tokens", None) or []) if isinstance(t, str)][:8]
-    texts = [
-        "",
-        "Hello, world.  Two  spaces\n\n\tand a tab.",
-        '{"order_id": "#W2378156", "items": [{"price": 54.04, "options": {"color": "blue"}}]}',
-        "Straße, naïve café, 東京, emoji \U0001F600\U0001F469\u200d\U0001F4BB, \u00a0nbsp",
-        "<tool_call>\n{\"name\": \"get_user_details\", \"arguments\": {\"user_id\": \"mia_li_3668\"}}\n</tool_call>",
-        " ".join(f"x{t}y {t}\n{t}" for t in specials),
-    ]
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            tool = {"type": "function", "function": {"name": "lookup", "description": "Look up an order.",
-                                                     "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}
-            texts.append(tokenizer.apply_chat_template(
-                [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "Where is #W1?"}],
-                tools=[tool], tokenize=False, add_generation_prompt=True))
-        except Exception as e:  # a template that needs other messages: the plain texts suffice
-            logger.debug("chat template: no rendered text for the codec check: %r", e)
-    return texts
-
-
-def _gil_free_codec(tokenizer: Any) -> _RustCodec | None:
-    """A :class:`_RustCodec` over ``tokenizer``'s Rust backend when it gives exactly the ids and
-    text of ``tokenizer.encode(text, add_special_tokens=False)`` and ``tokenizer.decode(ids,
-    skip_special_tokens=False)``; None otherwise (a slow tokenizer, one that cleans up spaces or
-    splits special tokens, or a check that fails), and the ``transformers`` calls are used.
-
-    The check encodes and decodes :func:`_codec_check_texts` both ways, plus ids that cut a
-    multi-byte character in half. Never raises.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not type(backend).__module__.startswith("tokenizers"):
-        return None
-    if not all(hasattr(backend, a) for a in ("encode_batch", "decode_batch")):
-        return None
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False) or getattr(tokenizer, "split_special_tokens", False):
-        return None
-    if getattr(backend, "encode_special_tokens", False):
-        return None
-    codec = _RustCodec(backend)
-    try:
-        for text in _codec_check_texts(tokenizer):
-            ids = list(tokenizer.encode(text, add_special_tokens=False))
-            if codec.encode(text) != ids or codec.encode_holding_gil(text) != ids:
-                logger.info("chat template: the Rust tokenizer's ids differ from transformers' on %r; not used", text[:60])
-                return None
-            for probe in (ids, ids[: max(1, len(ids) // 2)], ids[1:]):
-                want = tokenizer.decode(probe, skip_special_tokens=False)
-                if codec.decode(probe) != want or codec.decode_holding_gil(probe) != want:
-                    logger.info("chat template: the Rust tokenizer's text differs from transformers'; not used")
-                    return None
-    except Exception as e:  # any surprise: keep the transformers calls
-        logger.info("chat template: the Rust tokenizer's batch calls are not usable (%r)", e)
-        return None
-    return codec

@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rollout.app.preflight import check_config
 from rollout.core.config import ConfigError, load_config
 
 # Applied before the user's overrides: long turns on the tiny model keep the servers generating.
@@ -115,7 +116,7 @@ def main_chaos(args) -> int:
         print(f"error: unknown fault(s) {bad} (known: {', '.join(FAULTS)})" if bad else "error: --tasks must be >= 1", file=sys.stderr)
         return 2
     try:
-        load_config(args.config, args.overrides)
+        check_config(load_config(args.config, args.overrides))
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -164,6 +165,7 @@ def main_memory(args) -> int:
     for domain in [d.strip() for d in args.domains.split(",") if d.strip()]:
         try:
             cfg = load_config(args.config, ["logging.level=WARNING", f"env.domain={domain}", *args.overrides])
+            check_config(cfg)
         except (ConfigError, FileNotFoundError) as e:
             print(f"config error: {e}", file=sys.stderr)
             return 2
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = load_config(args.config, args.overrides)
         per_actor = -(-args.episodes // probe.pool.num_actors)
         cfg = load_config(args.config, PAUSE_DEFAULTS + [f"pool.max_concurrent_episodes={per_actor}"] + list(args.overrides))
+        check_config(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -261,12 +261,14 @@ def memory_per_episode(domain: Any, task_ids: list[str], n: int = 32) -> dict[st
 def main_env(args) -> int:
     """``env``: print the comparison table and write JSON; 1 unless every reward and answer is
     identical and the shared database unchanged."""
+    from rollout.app.preflight import check_config
     from rollout.benchmarks.tau2.environment import Tau2Domain
     from rollout.core.config import ConfigError, load_config
     from rollout.core.logs import setup_logging
 
     try:
         cfg = load_config(args.config, ["logging.level=WARNING", f"env.domain={args.domain}", *args.overrides])
+        check_config(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -101,6 +101,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from rollout.app.preflight import check_config
 from rollout.core.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
@@ -750,6 +751,7 @@ def main_pool(args) -> int:
         overrides.append(f"local.generate_latency_s={1.0 if args.latency is None else args.latency}")
     try:
         cfg = load_config(args.config, overrides)
+        check_config(cfg)
         baseline = args.baseline
         if baseline is None:
             baseline = ["env.evaluator=tau2"] if getattr(cfg.env, "evaluator", "tau2") != "tau2" else []

@@ -567,6 +567,7 @@ def main_turns(args) -> int:
         0 when both ways gave identical ids at every turn (targets met or not: they are printed),
         1 when they did not, 2 for a bad config or arguments.
     """
+    from rollout.app.preflight import check_config
     from rollout.benchmarks.tau2.environment import Tau2Domain
     from rollout.core.config import ConfigError, load_config
     from rollout.core.formats import ChatTemplate
@@ -578,6 +579,7 @@ def main_turns(args) -> int:
         return 2
     try:
         cfg = load_config(args.config, list(args.overrides))
+        check_config(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,48 +84,25 @@ def _reason_for_call(task) -> str:
 
 
 def _load_domain(domain: str):
-    """Return ``(tasks, {tool_name: is_write})`` for a domain of tau2's registry (every task of
-    the domain, ``get_tasks(None)``: airline's and retail's are their ``base`` split, telecom's its
-    2285 ``full`` tasks).
+    """Return ``(tasks, {tool_name: is_write})`` for the local stack's ``--domain``, through the
+    benchmark registry's gold index (:func:`rollout.core.environment.benchmark_gold_index`): a tau2
+    domain (``retail``: every task of the domain, ``get_tasks(None)``: airline's and retail's are
+    their ``base`` split, telecom's its 2285 ``full`` tasks), or ``"<benchmark>:<domain>"``
+    (:func:`rollout.core.environment.domain_key`; ``tau_bench:retail``: the original tau-bench's
+    tasks of every split in tau2's task shape).
 
     Raises:
-        ValueError: tau2 registers no such domain.
+        ValueError: the benchmark has no such domain, or no such benchmark (or gold index) is registered.
+        ImportError: the benchmark's package is not installed (tau-bench).
     """
-    if domain.startswith("tau_bench:"):  # the original tau-bench (env.benchmark=tau_bench)
-        return _load_tau_bench_domain(domain.partition(":")[2])
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from rollout.benchmarks.tau2.registry import UnknownDomainError, load_domain
+    from rollout.core.environment import benchmark_gold_index, parse_domain_key
 
+    benchmark, name = parse_domain_key(domain)
     try:
-        loaders = load_domain(domain)
-    except UnknownDomainError as e:
+        return benchmark_gold_index(benchmark, name)
+    except LookupError as e:  # KeyError: an unknown domain or benchmark
         raise ValueError(str(e)) from None
-    from tau2.environment.toolkit import ToolType
 
-    tasks = loaders.get_tasks(None)
-    env = loaders.get_environment()
-    toolkit = env.tools
-    is_write = {name: toolkit.tool_type(name) == ToolType.WRITE for name in toolkit.tools}
-    del env
-    return tasks, is_write
-
-
-
-def _load_tau_bench_domain(domain: str):
-    """``(tasks, {tool_name: is_write})`` for the original tau-bench's ``domain`` (the local stack's
-    ``--domain tau_bench:<domain>``, :func:`rollout.benchmarks.tau_bench.environment.stack_domain`): its tasks of
-    every split in tau2's task shape (instruction as the reason for the call, gold tool calls,
-    ``outputs`` as ``communicate_info``), see :func:`rollout.benchmarks.tau_bench.environment.gold_index`.
-
-    Raises:
-        ValueError: tau-bench has no such environment; ImportError: tau-bench is not installed.
-    """
-    from rollout.benchmarks.tau_bench.environment import UnknownTauBenchDomain, gold_index
-
-    try:
-        return gold_index(domain)
-    except UnknownTauBenchDomain as e:
-        raise ValueError(str(e)) from None
 
 @dataclass(frozen=True)
 class _Plan:

@@ -256,7 +256,9 @@ class LocalStack:
             ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``event_loop``
             as ``--event-loop``, ``tiny``
             model config).
-        domain: tau2 domain the gold-replay servers index (a registry name: ``retail``, ``airline``, ``telecom``, ...).
+        domain: the domain the gold-replay servers index: a tau2 domain (a registry name: ``retail``, ``airline``,
+            ``telecom``, ...), or ``"<benchmark>:<domain>"`` for another benchmark (``tau_bench:retail``;
+            :func:`rollout.core.environment.domain_key`), indexed through the benchmark registry.
         tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
             resolved path; a hub id makes it download).
         log_dir: where ``server-<i>.log`` and ``router.log`` go; None: a temporary folder,

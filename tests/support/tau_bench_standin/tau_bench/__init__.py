@@ -1,4 +1,4 @@
-"""Test stand-in for sierra-research/tau-bench (see ``tests/tau_bench_standin/README.md``).
+"""Test stand-in for sierra-research/tau-bench (see ``tests/support/tau_bench_standin/README.md``).
 
 Same module layout and interface as tau-bench's repository; none of its code or data.
 """

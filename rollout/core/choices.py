@@ -1,0 +1,113 @@
+"""The closed choices of the config schema (:mod:`rollout.core.config`), one :class:`Choice` enum each.
+
+A choice's values are the strings YAML and ``key=value`` overrides hold. omegaconf's structured
+config checks them as it merges (an enum field accepts a member's value or name and refuses
+anything else); :mod:`rollout.core.config` words the refusal as ``{key}: must be one of a, b, got 'x'``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Choice(str, enum.Enum):
+    """A closed config choice: a ``str`` whose value is what YAML and ``key=value`` write.
+
+    A member equals, hashes and formats as its value (``PartialRollout.DROP == "drop"``,
+    ``f"{m}"`` and ``json.dumps`` give ``drop``), so code comparing with strings keeps working.
+    omegaconf accepts the value (or the member's name) and rejects anything else.
+    """
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """The valid values, in declaration order."""
+        return tuple(m.value for m in cls)
+
+
+class UserKind(Choice):
+    """``env.user.kind``: the simulated user."""
+
+    SCRIPTED = "scripted"  # deterministic, no LLM
+    LLM = "llm"  # an OpenAI-compatible endpoint (env.user.base_url / model)
+
+
+class Evaluator(Choice):
+    """``env.evaluator``: how tau2 rewards are computed."""
+
+    FAST = "fast"  # copy-on-write databases, rewards from the episode's own database (rollout.benchmarks.tau2.fast)
+    TAU2 = "tau2"  # tau2's own evaluate_simulation in the tool sandbox (the reference; 10x+ slower)
+
+
+class OnParseError(Choice):
+    """``policy.on_parse_error``: what an assistant turn that does not parse becomes."""
+
+    FEEDBACK = "feedback"  # tell the model and go on
+    ABORT = "abort"  # end the episode parse_error
+
+
+class OnLength(Choice):
+    """``policy.on_length``: what a turn cut at ``policy.sampling.max_new_tokens`` becomes."""
+
+    TRUNCATE = "truncate"  # end the episode truncated (termination_reason turn_length)
+    KEEP = "keep"  # use the cut text as the turn
+
+
+class PartialRollout(Choice):
+    """``rollout.partial_rollout``: what a turn interrupted by a weight update becomes."""
+
+    CONTINUE = "continue"  # keep the tokens sampled so far (old weights, mask 1) and generate the rest
+    RESTART_TURN = "restart_turn"  # drop them and regenerate the turn
+    DROP = "drop"  # end the episode aborted
+
+
+class OnStale(Choice):
+    """``rollout.on_stale``: an episode older than ``rollout.max_staleness`` at delivery."""
+
+    DROP = "drop"  # held back from training (counted)
+    KEEP = "keep"  # trained anyway (counted)
+
+
+class GroupFilter(Choice):
+    """``rollout.filter_groups`` (null: none): which complete groups ``groups()`` drops."""
+
+    ZERO_VARIANCE = "zero_variance"  # groups whose rewards are all equal (DAPO dynamic sampling)
+
+
+class OnGroupFailure(Choice):
+    """``rollout.on_group_failure``: a group member excluded from training (failure, stale)."""
+
+    RERUN = "rerun"  # run the member again, up to rollout.max_member_reruns times
+    DROP = "drop"  # drop the whole group
+
+
+class EventLoop(Choice):
+    """``pool.event_loop`` / ``local.event_loop`` (:mod:`rollout.core.eventloop`)."""
+
+    UVLOOP = "uvloop"  # libuv in C (docs/performance.md)
+    ASYNCIO = "asyncio"  # the standard library's loop
+
+
+class LocalBackend(Choice):
+    """``local.backend``: the policy of the local test servers (:mod:`rollout.devtools.local`)."""
+
+    GOLD_REPLAY = "gold_replay"  # replays each task's gold actions
+    GOLD_REPLAY_SKIP_WRITE = "gold_replay_skip_write"  # the same, skipping the first write (reward 0)
+    TINY = "tiny"  # a tiny random Qwen3-architecture model (the [tiny] extra: torch)
+
+
+class LogLevel(Choice):
+    """``logging.level`` / ``logging.tau2_level``: a level name, in any case (``info`` is ``INFO``)."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+    @classmethod
+    def _missing_(cls, value: object) -> LogLevel | None:
+        upper = value.upper() if isinstance(value, str) else None
+        return next((m for m in cls if m.value == upper), None)

@@ -1,0 +1,244 @@
+"""Ray start-up and the set of rollout actors: the one place ``ray.remote`` is applied to
+:class:`rollout.core.worker.RolloutWorker`.
+
+:class:`ActorSet` connects to (or starts) Ray, creates ``pool.num_actors`` async actors, checks
+that they run the configured event loop, and wraps every call the pool makes on them (``run``,
+``cancel``, ``info``, ``event_loop``, ``loop_lag``, ``pause_generation``, ``resume_generation``,
+``close``). It knows nothing of episodes' bookkeeping: see :mod:`rollout.core.pool.scheduler`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from rollout.core.config import Config
+from rollout.core.records import EpisodeSpec
+from rollout.core.startup import PreflightError, check_ray_address
+from rollout.core.worker import RolloutWorker
+
+logger = logging.getLogger(__name__)
+
+RemoteRolloutWorker = ray.remote(RolloutWorker)
+
+
+def gcs_reachable(address: str | None, timeout_s: float = 1.0) -> bool:
+    """True when a TCP connection to the GCS ``host:port`` opens within ``timeout_s`` seconds
+    (``None`` or no port: unknown, True)."""
+    if not address or ":" not in address:
+        return True
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def ray_address(configured: str | None) -> str | None:
+    """``pool.ray_address``, or, when it is null and ``RAY_ADDRESS`` is unset: ``None`` (Ray
+    connects to the cluster ``ray start`` last recorded on this machine) when that cluster
+    answers, else ``"local"``: a new local cluster (``ray.init()`` would wait for ever on a dead
+    recorded one)."""
+    if configured is not None or os.environ.get("RAY_ADDRESS"):
+        return configured
+    try:
+        from ray._private.utils import read_ray_address
+
+        recorded = read_ray_address()
+    except Exception:  # a Ray without it: leave the choice to Ray
+        return None
+    if recorded and gcs_reachable(recorded):
+        return None
+    if recorded:
+        logger.warning("the Ray cluster recorded on this machine (%s) does not answer; starting a local one", recorded)
+    return "local"
+
+
+def _init_ray(configured: str | None) -> None:
+    """``ray.init`` on :func:`ray_address`, after preflight's one-line check of a named address.
+
+    Raises:
+        rollout.core.startup.PreflightError: ``configured`` does not answer.
+    """
+    check_ray_address(configured)
+    address = ray_address(configured)
+    # Ray >= 2.5x turns token auth on for a new local cluster and warns that it did at every
+    # start; the local cluster is ours and the behaviour is the one we want.
+    quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = quiet.level
+    if address == "local" and "RAY_AUTH_MODE" not in os.environ:
+        quiet.setLevel(logging.ERROR)
+    try:
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True)
+    finally:
+        quiet.setLevel(level)
+
+
+class ActorSet:
+    """The rollout actors of one pool, indexed ``0 .. num_actors - 1`` (Ray restarts a dead one
+    under the same handle: ``max_restarts=-1``).
+
+    Args:
+        cfg: the whole config (``pool``, ``policy``, ``env``, ``logging``, ``rollout.partial_rollout``).
+
+    Attributes:
+        actors: the actor handles (empty before :meth:`start` and after :meth:`close`).
+        gcs_address: the Ray head's ``host:port`` once started (``None``: unknown, no head-loss
+            detection).
+    """
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.actors: list = []
+        self.gcs_address: str | None = None
+
+    def start(self, env_vars: dict[str, str]) -> list[dict]:
+        """Connect to (or start) Ray and create the actors; returns each actor's ``info()`` once
+        every actor is ready.
+
+        Args:
+            env_vars: the actors' ``runtime_env`` environment (e.g. ``RAY_USE_UVLOOP``, from
+                :func:`rollout.core.eventloop.ray_env_vars`).
+
+        Raises:
+            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
+                ``pool.ray_address`` does not answer (one line, before any actor starts).
+            RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
+                the actor's error; or an actor runs another event loop than ``pool.event_loop``
+                (uvloop missing on its node; the actors are stopped).
+        """
+        from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source
+
+        try:  # one line in seconds, where Ray would wait minutes or every actor fail to start
+            check_tokenizer_source(self.cfg.policy.tokenizer)
+        except TokenizerSourceError as e:
+            raise PreflightError(str(e)) from None
+        if not ray.is_initialized():
+            _init_ray(self.cfg.pool.ray_address)
+        p = self.cfg.pool
+        # the actors' event loop (pool.event_loop): Ray builds it, from RAY_USE_UVLOOP
+        opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0,
+                    runtime_env={"env_vars": env_vars})
+        self.actors = [
+            RemoteRolloutWorker.options(**opts).remote(
+                self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
+                own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms,
+            )
+            for _ in range(p.num_actors)
+        ]
+        try:
+            self.gcs_address = ray.get_runtime_context().gcs_address
+        except Exception:  # older Ray: no head-loss detection
+            self.gcs_address = None
+        try:
+            answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors])
+            infos, loops = answers[:len(self.actors)], answers[len(self.actors):]
+        except RayActorError as e:
+            raise RuntimeError(f"a rollout actor failed to start: {e}") from None
+        wrong = [(i["pid"], k) for i, k in zip(infos, loops) if k != p.event_loop]
+        if wrong:
+            self.close(timeout_s=5.0)
+            raise RuntimeError(f"pool.event_loop={p.event_loop}, but rollout actors (pid, loop) {wrong} run another loop: "
+                               f"is uvloop installed on their nodes? (or set pool.event_loop=asyncio)")
+        logger.info("%d rollout actors ready (pids %s, event loop %s)", len(infos), [i["pid"] for i in infos], p.event_loop)
+        return infos
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the actors within about ``timeout_s`` seconds: each cancels its running episodes
+        (aborting their requests on the workers) and closes; then the actors are killed (when the
+        Ray head still answers). Leaves Ray itself running."""
+        if self.actors and self.head_reachable():
+            refs = []
+            for a in self.actors:
+                try:
+                    refs.append(a.close.remote())
+                except Exception:  # the actor may already be gone
+                    pass
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except Exception as e:
+                logger.debug("closing actors: %r", e)
+            for a in self.actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception as e:
+                    logger.debug("ray.kill: %r", e)
+        self.actors = []
+
+    def forget(self) -> None:
+        """Drop the handles without calling the actors (the Ray head is gone)."""
+        self.actors = []
+
+    def head_reachable(self) -> bool:
+        """Whether the Ray head's GCS port answers (see :func:`gcs_reachable`)."""
+        return gcs_reachable(self.gcs_address)
+
+    # -- calls on one actor ------------------------------------------------------------------
+    def run(self, index: int, spec: EpisodeSpec, timeout_s: float | None) -> ray.ObjectRef:
+        """Start episode ``spec`` on actor ``index`` (``timeout_s``: the episode's bound, seconds);
+        returns the ref of its :class:`~rollout.core.records.InteractionResult`."""
+        return self.actors[index].run.remote(spec, timeout_s)
+
+    def ping(self, index: int) -> ray.ObjectRef:
+        """Ask actor ``index`` for its ``info()``: the ref resolves once it answers (health ping)."""
+        return self.actors[index].info.remote()
+
+    # -- calls on several actors -------------------------------------------------------------
+    def cancel(self, by_actor: dict[int, list[str]]) -> None:
+        """Cancel episodes on their actors (actor index -> episode ids), waiting up to 30 s for
+        each actor's answer; an actor that fails to answer is logged (WARNING), not raised."""
+        for i, ids in by_actor.items():
+            try:
+                ray.get(self.actors[i].cancel.remote(ids), timeout=30)
+            except (RayActorError, RayTaskError, GetTimeoutError) as e:
+                logger.warning("cancel on actor %d failed: %r", i, e)
+
+    def cancel_within(self, by_actor: dict[int, list[str]], timeout_s: float) -> None:
+        """Cancel episodes on their actors (actor index -> episode ids) all at once, waiting up
+        to ``timeout_s`` seconds in all; best effort (errors are logged at DEBUG)."""
+        refs = []
+        for i, ids in by_actor.items():
+            try:
+                refs.append(self.actors[i].cancel.remote(ids))
+            except Exception as e:
+                logger.debug("cancel on actor %d: %r", i, e)
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        except Exception as e:
+            logger.debug("cancel: %r", e)
+
+    def set_gates(self, open_: bool, indices: list[int]) -> list[dict | int]:
+        """Open (``resume_generation``) or close (``pause_generation``) the generation gates of
+        the actors ``indices``; returns the answers of those that answered within 30 s (closing:
+        dicts with ``episodes_running`` and ``generate_calls_out``). An actor that does not
+        answer is logged (WARNING): a dead actor's episodes are re-run elsewhere."""
+        refs = {i: (self.actors[i].resume_generation if open_ else self.actors[i].pause_generation).remote() for i in indices}
+        answers = []
+        for i, ref in refs.items():
+            try:
+                answers.append(ray.get(ref, timeout=30))
+            except (RayActorError, RayTaskError, GetTimeoutError) as e:
+                logger.warning("actor %d: could not %s its generation gate: %r", i, "open" if open_ else "close", e)
+        return answers
+
+    def infos(self) -> list[dict]:
+        """Each actor's :meth:`rollout.core.worker.RolloutWorker.info`, in actor order.
+
+        Raises:
+            ray.exceptions.RayActorError: an actor is dead.
+        """
+        return ray.get([a.info.remote() for a in self.actors])
+
+    def loop_lags(self, reset: bool = False, timeout_s: float | None = 60.0) -> list[dict]:
+        """Each actor's :meth:`rollout.core.worker.RolloutWorker.loop_lag`, in actor order.
+
+        Raises:
+            ray.exceptions.GetTimeoutError: an actor did not answer within ``timeout_s``.
+            ray.exceptions.RayActorError: an actor is dead.
+        """
+        return ray.get([a.loop_lag.remote(reset) for a in self.actors], timeout=timeout_s)

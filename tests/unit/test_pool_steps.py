@@ -1,0 +1,136 @@
+"""How the pool's calls run (pure: threads and an event loop, no Ray): one lock for sync and async
+calls, async steps in slices, and a cancelled async step that loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+
+import pytest
+
+from rollout.core.pool.errors import RunAborted
+from rollout.core.pool.steps import END, SLICE_S, AsyncStream, StepRunner
+
+
+class SlowSource:
+    """A stream whose ``ensure`` takes ``delay_s`` in its thread to make each item (a counter)."""
+
+    def __init__(self, n_items: int, delay_s: float):
+        self.buffer: collections.deque[int] = collections.deque()
+        self.made = 0
+        self.n_items = n_items
+        self.delay_s = delay_s
+        self.delivered = 0  # the runner's progress
+        self.inside = threading.Event()
+
+    def ensure(self, timeout_s):
+        if self.buffer:
+            return True
+        if self.made == self.n_items:
+            return False
+        self.inside.set()
+        time.sleep(self.delay_s)
+        self.made += 1
+        self.delivered += 1
+        self.buffer.append(self.made)
+        return True
+
+    def take(self):
+        return self.buffer.popleft() if self.buffer else None
+
+
+async def test_a_cancelled_async_step_hands_its_item_to_the_next_call():
+    """The awaiting task is cancelled while the step works in its thread: the step finishes, and
+    its item is the first the next call (the same iterator, then a sync call) hands out."""
+    src = SlowSource(3, delay_s=0.3)
+    runner = StepRunner(progress=lambda: src.delivered)
+    it = AsyncStream(runner, src.ensure, src.take, None)
+    task = asyncio.create_task(it.__anext__())
+    await asyncio.to_thread(src.inside.wait, 5)  # the step is under way in its thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert src.made == 0  # cancelled before the item was made
+    assert await it.__anext__() == 1  # made by the cancelled step, handed out now
+    assert src.made == 1
+    assert runner.next(src.ensure, src.take, None) == 2  # a sync call goes on from there
+    assert [x async for x in AsyncStream(runner, src.ensure, src.take, None)] == [3]
+    assert runner.next(src.ensure, src.take, None) is END
+
+
+async def test_a_run_aborted_no_caller_saw_is_raised_by_the_next_call():
+    started = threading.Event()
+    undelivered = ["spec-a", "spec-b"]
+
+    def ensure(timeout_s):
+        started.set()
+        time.sleep(0.2)
+        raise RunAborted("no actor", undelivered)
+
+    runner = StepRunner(progress=lambda: 0)
+    task = asyncio.create_task(runner.next_async(ensure, lambda: None, None))
+    await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(RunAborted) as e:  # waits for the lock, i.e. for the step to end
+        runner.next(lambda t: False, lambda: None, None)
+    assert e.value.undelivered == undelivered
+    assert runner.next(lambda t: False, lambda: None, None) is END  # raised once
+
+
+async def test_async_slices_free_the_lock_for_other_calls_and_time_out_without_progress():
+    """An async stream waiting for an episode holds the lock one slice at a time: a sync call from
+    another thread gets in between, never during a slice; timeout_s counts time without progress."""
+    spans: list[tuple[str, float, float]] = []
+
+    def ensure(timeout_s):  # nothing ever arrives: each slice waits its time, then times out
+        t0 = time.monotonic()
+        time.sleep(timeout_s)
+        spans.append(("slice", t0, time.monotonic()))
+        raise TimeoutError("slice")
+
+    runner = StepRunner(progress=lambda: 0)
+
+    def work():  # a sync call's work, under the lock
+        t_in = time.monotonic()
+        time.sleep(0.05)
+        spans.append(("call", t_in, time.monotonic()))
+
+    def other_call() -> float:
+        t0 = time.monotonic()
+        runner.call(work)
+        return time.monotonic() - t0
+
+    t0 = time.monotonic()
+    consumer = asyncio.create_task(runner.next_async(ensure, lambda: None, 1.2))
+    await asyncio.sleep(0.1)
+    waited = await asyncio.to_thread(other_call)
+    with pytest.raises(TimeoutError, match="no episode finished within 1.2s"):
+        await consumer
+    took = time.monotonic() - t0
+    assert 1.2 <= took < 1.2 + 4 * SLICE_S
+    (call,) = [s for s in spans if s[0] == "call"]
+    slices = [s for s in spans if s[0] == "slice"]
+    assert len(slices) >= 3  # 1.2 s in slices of at most SLICE_S
+    # the call waited about one slice for the lock at most, and ran between two slices, never inside one
+    assert waited < 3 * SLICE_S
+    assert not any(a < call[2] and call[1] < b for _, a, b in slices)
+
+
+async def test_progress_in_a_slice_restarts_the_timeout():
+    """Episodes delivered (the runner's progress) without an item for the stream: no timeout."""
+    state = {"delivered": 0, "slices": 0}
+
+    def ensure(timeout_s):
+        state["slices"] += 1
+        time.sleep(min(timeout_s, 0.2))
+        if state["slices"] == 8:  # 1.6 s in, more than timeout_s, but each slice delivered one
+            return True
+        state["delivered"] += 1
+        raise TimeoutError("slice")
+
+    runner = StepRunner(progress=lambda: state["delivered"])
+    assert await runner.next_async(ensure, lambda: "item", 0.5) == "item"
