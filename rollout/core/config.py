@@ -42,7 +42,7 @@ from rollout.core.choices import (
     PartialRollout,
     UserKind,
 )
-from rollout.core.environment import benchmarks
+from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
@@ -339,7 +339,8 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Check values beyond their types, without I/O (nothing read, nothing imported): choices,
+    """Check values beyond their types, without I/O (nothing imported; the one read is installed
+    packages' entry-point metadata, for an ``env.benchmark`` the registry does not hold): choices,
     ``env.benchmark`` against the registry, ranges and the rules between keys. What the config
     names on this machine (a tau2 domain, uvloop for the local stack) is
     :func:`rollout.app.preflight.check_config`'s.
@@ -348,9 +349,11 @@ def validate(cfg: Config) -> Config:
         ConfigError: naming the first bad key.
     """
     _check_choices(cfg)
-    registered = benchmarks()  # the registry in memory: the built-ins and any registered since
-    _check(cfg.env.benchmark in registered, "env.benchmark",
-           f"no benchmark {cfg.env.benchmark!r} is registered (registered: {', '.join(registered)})")
+    # the registry in memory (the built-ins and any registered since); a name it lacks is looked up
+    # among installed packages' entry points (their metadata only: the one read validation makes)
+    _check(cfg.env.benchmark in benchmarks() or find_plugin(cfg.env.benchmark), "env.benchmark",
+           f"no benchmark {cfg.env.benchmark!r} is registered (registered: {', '.join(benchmarks())}; others come from "
+           f"installed packages' {ENTRY_POINT_GROUP!r} entry points)")
     # A tau2 domain is checked against tau2's registry, which is read from its source: preflight's.
     # tau-bench is not imported here: its environment names are checked when the domain loads.
     _check(bool(cfg.env.domain.strip()), "env.domain", f"must name a domain of env.benchmark={cfg.env.benchmark} (e.g. retail, airline)")

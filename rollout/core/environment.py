@@ -27,6 +27,11 @@ from typing import Any, Protocol
 
 RESPOND = "respond"  # Action.name of a reply to the user (no tool call)
 DEFAULT_BENCHMARK = "tau2"  # env.benchmark's default
+# Benchmarks shipped in other packages: an installed distribution that declares, in its
+# pyproject.toml, ``[project.entry-points."tau_rollout.benchmarks"] NAME = "pkg.module:loader"``
+# is found by name in every process that looks it up (the driver, each Ray actor, the local stack),
+# with nothing to register by hand (the standard plugin mechanism of Python packaging).
+ENTRY_POINT_GROUP = "tau_rollout.benchmarks"
 
 
 @dataclass(frozen=True)
@@ -237,9 +242,30 @@ def _unknown(name: str) -> UnknownBenchmarkError:
 def _entry(name: str) -> _Entry:
     with _REGISTRY_LOCK:
         entry = _REGISTRY.get(name)
+    if entry is None and find_plugin(name):
+        with _REGISTRY_LOCK:
+            entry = _REGISTRY.get(name)
     if entry is None:
         raise _unknown(name)
     return entry
+
+
+def find_plugin(name: str) -> bool:
+    """Register benchmark ``name`` from an installed package's entry point (group
+    :data:`ENTRY_POINT_GROUP`; its value is the loader's ``"module:attribute"`` path, imported on
+    first use) when the registry does not hold it; True when ``name`` is registered afterwards.
+    Reads the installed packages' metadata (not their code), once per name not registered.
+    """
+    if name in benchmarks():
+        return True
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        return False
+    with _REGISTRY_LOCK:
+        _REGISTRY.setdefault(name, _Entry(found[0].value))
+    return True
 
 
 def _resolve(target: Callable | str) -> Callable:

@@ -143,3 +143,30 @@ def test_importing_the_core_seam_imports_no_benchmark():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_benchmark_from_an_installed_packages_entry_point_is_found_in_a_fresh_process(tmp_path):
+    """An out-of-tree benchmark declares an entry point (group ``tau_rollout.benchmarks``) in its
+    package's metadata; a fresh process (as each Ray actor is) finds it by name, with nothing
+    registered by hand; an unknown name is still refused at load, naming the key."""
+    import subprocess
+    import sys
+
+    dist = tmp_path / "toyplugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyplugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[tau_rollout.benchmarks]\ntoyshop = toyplugin_bench:load\n")
+    (tmp_path / "toyplugin_bench.py").write_text(
+        "class Shop:\n    name = 'toyshop'\n    def __init__(self, domain):\n        self.domain = domain\n"
+        "def load(env_cfg, log_level='ERROR'):\n    return Shop(env_cfg.domain)\n")
+    code = ("from rollout.core.config import ConfigError, load_config\n"
+            "from rollout.core.environment import load_benchmark\n"
+            "cfg = load_config(None, ['local.enabled=true', 'env.benchmark=toyshop', 'env.domain=fruit'])\n"
+            "b = load_benchmark(cfg.env)\n"
+            "print(b.name, b.domain)\n"
+            "try:\n    load_config(None, ['local.enabled=true', 'env.benchmark=toyshoq'])\n"
+            "except ConfigError as e:\n    print(str(e).split(':')[0])\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["toyshop fruit", "env.benchmark"]
