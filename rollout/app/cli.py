@@ -225,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("config", help="print the merged config and exit")
     show.add_argument("--config", "-c", default=None)
     show.add_argument("overrides", nargs="*")
+    fmts = sub.add_parser("formats", help="list the chat formats (model families): detection, offline vocabulary, tested")
+    fmts.add_argument("--json", action="store_true", help="print a JSON list of objects (name, tokenizer, tested, ...)")
+    fmts.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     args = parse_args_with_overrides(parser, argv)
+    if args.command == "formats":
+        from rollout.app.formats import format_table, formats_json
+
+        print(formats_json() if args.json else format_table())
+        return 0
 
     path = args.config
     if path is None and Path("configs/local.yaml").is_file():

@@ -82,7 +82,8 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs") -> Iterator[t
             from rollout.devtools.local.stack import LocalStack
 
             stack = LocalStack(cfg.local, domain_key(cfg.env.benchmark, cfg.env.domain), cfg.policy.tokenizer,
-                               log_dir=Path(cfg.rollout.output_dir) / log_dir_name, api_key_env=cfg.policy.api_key_env)
+                               log_dir=Path(cfg.rollout.output_dir) / log_dir_name, api_key_env=cfg.policy.api_key_env,
+                               chat_format=cfg.policy.chat_format)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)
         run_preflight(cfg, check_user=check_user_simulator)

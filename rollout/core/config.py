@@ -43,6 +43,7 @@ from rollout.core.choices import (
     UserKind,
 )
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
+from rollout.core.formats.registry import AUTO, chat_formats
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
@@ -82,7 +83,11 @@ class PolicyConfig:
     """The policy behind the SGLang router."""
 
     router_url: Optional[str] = None  # e.g. http://10.0.0.1:30000; null: the local stack's router
-    tokenizer: str = "builtin:qwen3"  # local folder, hub id, or builtin:qwen3
+    tokenizer: str = "builtin:qwen3"  # local folder, hub id, or builtin:<vocabulary> (python -m rollout formats lists them)
+    # The model family's chat format (rendering, tool-call syntax, start-up probe): auto = detected
+    # from the tokenizer (logged), or a registered family: hermes (Qwen2.5/Qwen3), qwen3.6, deepseek-v4,
+    # mistral, ... (python -m rollout formats)
+    chat_format: str = "auto"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_context_tokens: int = 32768  # prompt + response; past it the episode is truncated
     request_timeout_s: float = 600.0  # one /generate call
@@ -387,6 +392,8 @@ def validate(cfg: Config) -> Config:
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:
         _check(p.router_url.startswith(("http://", "https://")), "policy.router_url", f"must start with http:// or https://, got {p.router_url!r}")
+    _check(p.chat_format == AUTO or p.chat_format in chat_formats(), "policy.chat_format",
+           f"unknown chat format {p.chat_format!r}; valid: {AUTO}, {', '.join(chat_formats())} (python -m rollout formats)")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
     _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")

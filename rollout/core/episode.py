@@ -35,10 +35,9 @@ from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, 
 
 logger = logging.getLogger(__name__)
 
-PARSE_FEEDBACK = (
-    "[format error] Your last message could not be used: {error}. Reply to the user in plain text, "
-    'or call exactly one tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
-)
+# The in-band feedback on a turn that does not parse (policy.on_parse_error=feedback); ``hint`` is
+# the chat format's ChatFormat.call_hint.
+PARSE_FEEDBACK = "[format error] Your last message could not be used: {error}. {hint}"
 
 
 @dataclass(frozen=True)
@@ -163,16 +162,18 @@ def _delta_array(chat: ChatFormat, messages: list[dict]) -> array.array:
     return array.array("q", chat.delta_ids(messages))
 
 
-async def _delta_ids(settings: EpisodeSettings, chat: ChatFormat, message: dict) -> array.array:
-    """:meth:`ChatFormat.delta_ids` of one message as an int64 ``array.array`` (the garbage
-    collector does not walk its items while the episode holds it): on the loop when it is short
-    (see :meth:`ChatFormat.try_delta_ids_now`), else in a thread (:func:`_off_loop`).
+async def _delta_ids(settings: EpisodeSettings, chat: ChatFormat, messages: dict | list[dict]) -> array.array:
+    """:meth:`ChatFormat.delta_ids` of one message (or several: the results of a turn's tool
+    calls) as an int64 ``array.array`` (the garbage collector does not walk its items while the
+    episode holds it): on the loop when it is short (see :meth:`ChatFormat.try_delta_ids_now`),
+    else in a thread (:func:`_off_loop`).
 
     Raises:
         TokenizeTimeout: the thread did not finish in time.
     """
-    ids = chat.try_delta_ids_now([message])
-    return array.array("q", ids) if ids is not None else await _off_loop(settings, _delta_array, chat, [message])
+    batch = [messages] if isinstance(messages, dict) else list(messages)
+    ids = chat.try_delta_ids_now(batch)
+    return array.array("q", ids) if ids is not None else await _off_loop(settings, _delta_array, chat, batch)
 
 
 @dataclass
@@ -369,13 +370,13 @@ async def run_episode(
                     return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
 
             try:
-                parsed = chat.parse_turn(_strip_trailing_specials(text, chat), settings.tool_names)
+                parsed = chat.parse_turn(_strip_trailing_specials(text, chat), settings.tool_names, body_ids)
             except ParseError as e:
                 metrics.parse_errors += 1
                 messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
                 if settings.on_parse_error == OnParseError.ABORT:
                     return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
-                feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e)}
+                feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e, hint=chat.call_hint)}
                 messages.append({**feedback, "format_feedback": True})
                 if not _append_delta(traj, await _delta_ids(settings, chat, feedback), settings):
                     return finish(EpisodeStatus.TRUNCATED, "context")
@@ -383,31 +384,39 @@ async def run_episode(
 
             call_id = f"call_{metrics.turns}"
             messages.append({**parsed.to_message(call_id), **cut})
-            if parsed.tool_call is not None:
-                action = Action(name=parsed.tool_call.name, arguments=parsed.tool_call.arguments, content=parsed.content)
+            # One step per tool call, in the order written (as tau2's orchestrator executes a turn's
+            # calls); a reply is one step. The answers are appended as one delta.
+            if parsed.tool_calls:
+                actions = [Action(name=c.name, arguments=c.arguments, content=parsed.content if i == 0 else "")
+                           for i, c in enumerate(parsed.tool_calls)]
+                call_ids = parsed.call_ids(call_id)
             else:
-                action = Action(name=RESPOND, content=parsed.content)
-            try:
-                observation, r, done, info = await env.step(action)
-            except ToolTimeoutError as e:
-                return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
-            except UserSimulatorError as e:
-                return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
-            except RewardError as e:
-                return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
-            except EnvironmentStepError as e:
-                return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
-            except Exception as e:  # a bug in environment code must not crash the actor
-                return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
-            metrics.tool_errors += int(bool(info.get("tool_error")))
-            answer = _observation_message(observation, info, parsed, call_id)
-            if done:
-                reward = float(r)
-                metrics.reward_info = info.get("reward_info")
-                messages.append(answer)
-                return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
-            nxt = {"role": "tool" if answer["role"] == "tool" else "user", "content": observation}  # what the template renders
-            messages.append(answer)
+                actions, call_ids = [Action(name=RESPOND, content=parsed.content)], [call_id]
+            answers: list[dict[str, Any]] = []
+            for action, cid in zip(actions, call_ids):
+                try:
+                    observation, r, done, info = await env.step(action)
+                except ToolTimeoutError as e:
+                    return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
+                except UserSimulatorError as e:
+                    return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+                except RewardError as e:
+                    return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
+                except EnvironmentStepError as e:
+                    return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
+                except Exception as e:  # a bug in environment code must not crash the actor
+                    return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
+                metrics.tool_errors += int(bool(info.get("tool_error")))
+                answer = _observation_message(observation, info, action, cid)
+                if done:
+                    reward = float(r)
+                    metrics.reward_info = info.get("reward_info")
+                    messages.extend(answers + [answer])
+                    return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
+                answers.append(answer)
+            messages.extend(answers)
+            # what the template renders: tool results (with their call) or the user's turn
+            nxt = [_rendered(a) for a in answers]
             if not _append_delta(traj, await _delta_ids(settings, chat, nxt), settings):
                 return finish(EpisodeStatus.TRUNCATED, "context")
         return finish(EpisodeStatus.MAX_STEPS, "max_steps")
@@ -415,16 +424,23 @@ async def run_episode(
         return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
 
 
-def _observation_message(observation: str, info: dict[str, Any], parsed, call_id: str) -> dict[str, Any]:
-    """The conversation's record of what answered an assistant turn: a tool result as OpenAI's
+def _observation_message(observation: str, info: dict[str, Any], action: Action, call_id: str) -> dict[str, Any]:
+    """The conversation's record of what answered one step: a tool result as OpenAI's
     ``{"role": "tool", "tool_call_id", "name", "content"}`` (with ``"error": true`` when the tool
     failed, as tau2's ``ToolMessage.error``), else the user's turn ``{"role": "user", "content"}``."""
-    if info.get("role") == "tool" and parsed.tool_call is not None:
-        msg = {"role": "tool", "tool_call_id": call_id, "name": parsed.tool_call.name, "content": observation}
+    if info.get("role") == "tool" and action.name != RESPOND:
+        msg = {"role": "tool", "tool_call_id": call_id, "name": action.name, "content": observation}
         if info.get("tool_error"):
             msg["error"] = True
         return msg
     return {"role": info.get("role", "user"), "content": observation}
+
+
+def _rendered(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a chat format renders of an answer: ``{"role": "tool" | "user", "content"}`` (a tool
+    result's call id and name are left out: the delta must not depend on them, and the hermes
+    format's probed affixes take role and content only)."""
+    return {"role": "tool" if answer["role"] == "tool" else "user", "content": answer["content"]}
 
 
 def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: EpisodeSettings) -> bool:

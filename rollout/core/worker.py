@@ -27,7 +27,7 @@ from rollout.core.config import EnvConfig, LoggingConfig, PolicyConfig
 from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
 from rollout.core.episode import EpisodeSettings, run_episode
 from rollout.core.eventloop import loop_kind
-from rollout.core.formats import DEFAULT_CHAT_FORMAT, TemplateError, get_chat_format
+from rollout.core.formats import AUTO, TemplateError, get_chat_format, resolve_chat_format
 from rollout.core.logs import setup_logging
 from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
@@ -153,6 +153,23 @@ class LoopLagProbe:
             self._task = None
 
 
+
+def chat_format_for(policy_cfg: PolicyConfig, tokenizer: Any) -> str:
+    """The chat format ``policy.chat_format`` names for ``tokenizer``: the family itself, or for
+    ``auto`` the one detected from the tokenizer, logged at INFO.
+
+    Raises:
+        TemplateError: ``auto`` recognises no family, or the name is not registered (the message
+            names ``policy.chat_format`` and the registered families).
+    """
+    try:
+        name = resolve_chat_format(policy_cfg.chat_format, tokenizer)
+    except KeyError as e:
+        raise TemplateError(str(e.args[0]) if e.args else str(e)) from None
+    if policy_cfg.chat_format == AUTO:
+        logger.info("policy.chat_format=auto: chat format %s for tokenizer %s", name, policy_cfg.tokenizer)
+    return name
+
 class RolloutWorker:
     """Runs episodes of one benchmark's domain (``env.benchmark``, ``env.domain``) against one router.
 
@@ -194,14 +211,15 @@ class RolloutWorker:
         self.domain: Benchmark = load_benchmark(env_cfg, log_level=logging_cfg.tau2_level)  # env.benchmark's, through the registry
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
-        self.chat = get_chat_format(DEFAULT_CHAT_FORMAT)(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
+        self.chat_format = chat_format_for(policy_cfg, self.tokenizer)
+        self.chat = get_chat_format(self.chat_format)(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
         self.template_report = self.chat.probe()
         if not self.template_report.ok:
             raise TemplateError(
-                f"tokenizer {policy_cfg.tokenizer!r}: exact delta tokenization is impossible with its chat template:\n"
+                f"tokenizer {policy_cfg.tokenizer!r}: exact delta tokenization is impossible with chat format {self.chat_format}:\n"
                 + self.template_report.summary()
             )
-        logger.debug("chat template probe for %s:\n%s", policy_cfg.tokenizer, self.template_report.summary())
+        logger.debug("chat format %s probe for %s:\n%s", self.chat_format, policy_cfg.tokenizer, self.template_report.summary())
         self.settings = EpisodeSettings.from_policy(policy_cfg, max_steps=env_cfg.max_steps, system_prompt=self.domain.system_prompt,
                                                     tool_names=self.domain.tool_names, partial_rollout=partial_rollout)
         self.max_concurrent_episodes = max_concurrent_episodes

@@ -1046,7 +1046,8 @@ class _Fault:
         from rollout.devtools.local.stack import LocalStack
 
         local = dataclasses.replace(self.cfg.local, enabled=True)
-        stack = LocalStack(local, self.cfg.env.domain, self.cfg.policy.tokenizer, log_dir=self.dir / "bench_stack_logs")
+        stack = LocalStack(local, self.cfg.env.domain, self.cfg.policy.tokenizer, log_dir=self.dir / "bench_stack_logs",
+                           chat_format=self.cfg.policy.chat_format)
         self.cleanups.append(stack.stop)
         stack.start()
         for pid in stack.pids():

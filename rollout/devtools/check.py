@@ -241,7 +241,8 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
         if cfg.local.enabled:
             from rollout.devtools.local.stack import LocalStack
 
-            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / "check_stack_logs")
+            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / "check_stack_logs",
+                               chat_format=cfg.policy.chat_format)
             stack.start()
             cfg = resolve_endpoints(cfg, stack.router_url)
         t0 = time.monotonic()

@@ -21,8 +21,9 @@ The arguments, mapped onto ours:
 * ``rollout_args``: an ``argparse.Namespace`` (slime's ``args``) or a mapping. Read: the router
   (``router_url``, or slime's ``sglang_router_ip`` + ``sglang_router_port``), the tokenizer
   (``tokenizer``: a loaded tokenizer or a name; else slime's ``hf_checkpoint``), the context bound
-  (slime's ``rollout_max_context_len``) and chat-template arguments (slime's
-  ``apply_chat_template_kwargs``).
+  (slime's ``rollout_max_context_len``), chat-template arguments (slime's
+  ``apply_chat_template_kwargs``) and the chat format (``chat_format``; default the agent's
+  ``policy.chat_format``, ``auto``: detected from the tokenizer).
 * ``sampling_params``: SGLang's ``sampling_params`` dict, as the seed sends it with every
   ``/generate`` call; ``max_new_tokens`` is per assistant turn (as in the seed, which sends the
   same dict for every turn). See :func:`policy_config` for what is read, forced and passed through.
@@ -58,7 +59,7 @@ from rollout.core import records
 from rollout.core.config import PolicyConfig
 from rollout.core.environment import Environment
 from rollout.core.episode import EpisodeSettings, run_episode
-from rollout.core.formats import DEFAULT_CHAT_FORMAT, ChatFormat, TemplateError, get_chat_format
+from rollout.core.formats import ChatFormat, TemplateError, get_chat_format, resolve_chat_format
 from rollout.core.records import EpisodeSpec, EpisodeStatus
 from rollout.core.tokenizer import load_tokenizer
 from rollout.integrations.seed_args import PassthroughClient, policy_config, rollout_arg, router_url
@@ -79,22 +80,28 @@ _CHATS: dict[tuple, tuple[Any, ChatFormat]] = {}
 _MAX_CHATS = 16
 
 
-def _chat_for(tokenizer: Any, tools: list[dict], template_kwargs: dict[str, Any]) -> ChatFormat:
-    """The probed chat format (:class:`~rollout.core.formats.ChatFormat`, the default one) for a tokenizer, tools and template
-    arguments, built once per process (blocking: call it in a thread).
+def _chat_for(tokenizer: Any, tools: list[dict], template_kwargs: dict[str, Any], chat_format: str = "auto") -> ChatFormat:
+    """The probed chat format (:class:`~rollout.core.formats.ChatFormat`) ``chat_format`` names
+    (``auto``: detected from the tokenizer) for a tokenizer, tools and template arguments, built
+    once per process (blocking: call it in a thread).
 
     Raises:
-        TemplateError: the template cannot give exact delta tokenization.
+        TemplateError: no such format, ``auto`` recognises none, or the format cannot give exact
+            delta tokenization.
     """
-    key = (id(tokenizer), json.dumps(tools, sort_keys=True, default=str), json.dumps(template_kwargs, sort_keys=True, default=str))
+    try:
+        name = resolve_chat_format(chat_format, tokenizer)
+    except KeyError as e:
+        raise TemplateError(str(e.args[0]) if e.args else str(e)) from None
+    key = (id(tokenizer), name, json.dumps(tools, sort_keys=True, default=str), json.dumps(template_kwargs, sort_keys=True, default=str))
     with _CHAT_LOCK:
         hit = _CHATS.get(key)
         if hit is not None and hit[0] is tokenizer:
             return hit[1]
-    chat = get_chat_format(DEFAULT_CHAT_FORMAT)(tokenizer, tools=tools, template_kwargs=template_kwargs)
+    chat = get_chat_format(name)(tokenizer, tools=tools, template_kwargs=template_kwargs)
     report = chat.probe()
     if not report.ok:
-        raise TemplateError("exact delta tokenization is impossible with this tokenizer's chat template:\n" + report.summary())
+        raise TemplateError(f"exact delta tokenization is impossible with chat format {name} and this tokenizer:\n" + report.summary())
     with _CHAT_LOCK:
         if len(_CHATS) >= _MAX_CHATS:
             _CHATS.pop(next(iter(_CHATS)))
@@ -160,10 +167,10 @@ class TrainableAgent:
         return kwargs
 
     @staticmethod
-    def _prepare(source: Any, tools: list[dict], template_kwargs: dict[str, Any]) -> ChatFormat:
-        """Blocking: load the tokenizer (cached by name) and the probed chat template (cached)."""
+    def _prepare(source: Any, tools: list[dict], template_kwargs: dict[str, Any], chat_format: str = "auto") -> ChatFormat:
+        """Blocking: load the tokenizer (cached by name) and the probed chat format (cached)."""
         tok = load_tokenizer(str(source)) if isinstance(source, str) else source
-        return _chat_for(tok, tools, template_kwargs)
+        return _chat_for(tok, tools, template_kwargs, chat_format)
 
     async def asolve(self, env: Environment, rollout_args: Any, sampling_params: dict[str, Any] | None,
                      task_index: int | str | None = None, max_num_steps: int = 30, *, episode_id: str | None = None,
@@ -205,7 +212,8 @@ class TrainableAgent:
         if not tools or not wiki:
             raise ValueError("no tools_info / wiki: pass them to the agent, or use an environment that has them (make_env)")
         policy, passthrough, seed = policy_config(self.policy, rollout_args, sampling_params)
-        chat = await asyncio.to_thread(self._prepare, self._tokenizer_source(rollout_args), tools, self._template_kwargs(rollout_args))
+        chat_format = str(rollout_arg(rollout_args, "chat_format", None) or self.policy.chat_format)
+        chat = await asyncio.to_thread(self._prepare, self._tokenizer_source(rollout_args), tools, self._template_kwargs(rollout_args), chat_format)
         settings = EpisodeSettings.from_policy(policy, max_steps=max_num_steps, system_prompt=wiki, tool_names=_tool_names(tools))
         eid = episode_id or f"asolve/{domain}/{task_id}/{uuid.uuid4().hex[:12]}"
         spec = EpisodeSpec(

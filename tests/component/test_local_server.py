@@ -20,7 +20,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rollout.core.tokenizer import load_tokenizer
 from rollout.devtools.local.backend_api import SamplingParams
-from rollout.devtools.local.gold import _MESSAGE_RE
+from rollout.devtools.local.dialects.hermes import _MESSAGE_RE, HermesDialect
 
 TOOL_CALL_OPEN = "<tool_call>\n"
 TOOL_CALL_CLOSE = "\n</tool_call>"
@@ -364,10 +364,12 @@ def test_gold_prompt_decode_by_message_equals_the_whole_decode(tok, gold, retail
     for prompt in (ids, longer, _prompt_ids(tok, retail_data[0]["0"])):
         assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)
         assert gold._decode_prompt(prompt) == tok.decode(prompt, skip_special_tokens=False)  # from the cache
-        # the messages parsed piece by piece are those the pattern finds in the whole text
-        whole = [(m.group(1).strip(), m.group(2), bool(m.group(3)))
-                 for m in _MESSAGE_RE.finditer(tok.decode(prompt, skip_special_tokens=False))]
+        # the messages read piece by piece are those the dialect reads in the whole text
+        whole = HermesDialect().messages(tok.decode(prompt, skip_special_tokens=False))
         assert gold._messages(prompt) == whole and len(whole) >= 2
+        # ... which are those the ChatML pattern finds, a user turn of tool responses split per response
+        chatml = [(m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(tok.decode(prompt, skip_special_tokens=False))]
+        assert [m[:3] for m in whole if m.role != "tool"] == [c for c in chatml if "<tool_response>" not in c[1]]
         unclosed = prompt + tok.encode("<|im_start|>assistant\npartial answer", add_special_tokens=False)
-        assert gold._messages(unclosed)[-1] == ("assistant", "partial answer", False)
+        assert gold._messages(unclosed)[-1] == ("assistant", "partial answer", False, 0)
     assert len(gold._pieces) >= 3

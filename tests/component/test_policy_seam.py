@@ -156,7 +156,7 @@ async def test_the_loop_reads_each_turn_through_the_formats_parser(tokenizer, re
 
     def as_reply(text, tool_names=None):
         seen.append(text)
-        return ParsedTurn(content="Your request has been completed.", tool_call=None)
+        return ParsedTurn(content="Your request has been completed.")
 
     cfg = load_config(None, ["local.enabled=true"])
     task = retail.tasks[TASK_ID]
@@ -168,3 +168,73 @@ async def test_the_loop_reads_each_turn_through_the_formats_parser(tokenizer, re
     assert seen == [tokenizer.decode(answers[0].ids)]  # the tool call's text, read as a reply
     assert res.status is EpisodeStatus.COMPLETED and res.metadata["turns"] == 1
     assert res.messages[2] == {"role": "assistant", "content": "Your request has been completed."}
+
+
+def _parse_several_calls(text, tool_names=None):
+    """A Hermes parser that reads every ``<tool_call>`` block of a turn (the built-in one accepts
+    one per turn, as the agent's instruction asks): the loop's handling of a multi-call format."""
+    from rollout.core.formats import ParsedTurn, ParseError, ToolCall
+
+    blocks = text.split("<tool_call>")[1:]
+    if not blocks:
+        return ParsedTurn(content=text.strip())
+    calls = []
+    for block in blocks:
+        body = block.split("</tool_call>")[0]
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            raise ParseError("bad call") from None
+        calls.append(ToolCall(obj["name"], obj["arguments"]))
+    return ParsedTurn(content="", tool_calls=tuple(calls))
+
+
+async def test_several_tool_calls_in_one_turn_are_executed_in_order_and_answered_by_one_delta(tokenizer, retail):
+    """A format that emits several calls per turn: each call is one environment step, in the order
+    written (as tau2's orchestrator runs them); the conversation records one assistant message with
+    every call and one tool message per call (ids ``call_<turn>``, ``call_<turn>-1``, ...); the
+    trajectory appends the format's delta of all the results at once (mask 0); the gold actions
+    two per turn still earn reward 1.0."""
+    from rollout.core.formats import ChatTemplate
+
+    cfg = load_config(None, ["local.enabled=true"])
+    task = retail.tasks[TASK_ID]
+    actions = task.evaluation_criteria.actions
+    assert len(actions) >= 3
+    fmt = ChatTemplate(tokenizer, tools=retail.tool_schemas, parser=_parse_several_calls)
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    turns, n = [], 0
+    for i in range(0, len(actions), 2):  # two calls per turn (the last may have one)
+        text = "\n".join(f'<tool_call>\n{json.dumps({"name": a.name, "arguments": a.arguments}, ensure_ascii=False)}\n</tool_call>'
+                         for a in actions[i:i + 2])
+        turns.append(tokenizer.encode(text, add_special_tokens=False) + [eos])
+    turns.append(tokenizer.encode("\n".join(task.evaluation_criteria.communicate_info or ["Done."]), add_special_tokens=False) + [eos])
+    answers = []
+    for ids in turns:
+        answers.append(Generation(ids=ids, log_probs=[-0.01 * (n + k + 1) for k in range(len(ids))], finish_type="stop", weight_version="1"))
+        n += len(ids)
+    env = Tau2Environment(retail, make_user(task, cfg.env.user, seed=0), cfg.env)
+    settings = EpisodeSettings.from_policy(cfg.policy, max_steps=len(turns) + 2, system_prompt=retail.system_prompt, tool_names=retail.tool_names)
+
+    res = await run_episode(EpisodeSpec("seam/2", "retail", TASK_ID, "seam", 2), env, ScriptedClient(answers), fmt, settings)
+
+    assert res.status is EpisodeStatus.COMPLETED and res.reward == 1.0, res.metadata
+    assert res.metadata["turns"] == len(turns)
+    first = res.messages[2]
+    assert [c["function"]["name"] for c in first["tool_calls"]] == [a.name for a in actions[:2]]
+    assert [c["id"] for c in first["tool_calls"]] == ["call_1", "call_1-1"]
+    results = res.messages[3:5]
+    assert [(m["role"], m["tool_call_id"], m["name"]) for m in results] == [("tool", "call_1", actions[0].name), ("tool", "call_1-1", actions[1].name)]
+    # the trajectory: prompt, then per turn its ids (mask 1) and the delta of all its results (mask 0)
+    expected, mask = list(fmt.prompt_ids(res.messages[:2])), []
+    at = 2
+    for t, ids in enumerate(turns):
+        at += 1  # the assistant message
+        context: list[int] = []
+        if t < len(turns) - 1:
+            k = len(res.messages[at - 1]["tool_calls"])
+            context = fmt.delta_ids([{"role": m["role"], "content": m["content"]} for m in res.messages[at:at + k]])
+            at += k
+        expected += ids + context
+        mask += [1] * len(ids) + [0] * len(context)
+    assert res.trajectory.tokens == expected and res.trajectory.loss_mask == mask

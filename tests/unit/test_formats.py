@@ -50,7 +50,7 @@ def test_hermes_is_registered_and_the_default():
 
 def test_an_unknown_format_names_the_registered_ones(registry):
     register_chat_format("toy", lambda tokenizer, tools=None, template_kwargs=None: ChatTemplate(tokenizer, tools, template_kwargs))
-    with pytest.raises(KeyError, match=r"unknown chat format 'qwen9'; registered: \['hermes', 'toy'\]"):
+    with pytest.raises(KeyError, match=r"unknown chat format 'qwen9'; registered: \[.*'hermes'.*'toy'.*\]"):
         get_chat_format("qwen9")
 
 
@@ -107,7 +107,7 @@ def test_a_family_on_the_tokenizers_template_needs_only_its_parser(tokenizer, re
     parser: registered by name, built by the same call the worker makes."""
     def bracket_calls(text, tool_names=None):  # a toy syntax: [call name]
         if text.startswith("[call ") and text.endswith("]"):
-            return ParsedTurn(content="", tool_call=ToolCall(text[6:-1]))
+            return ParsedTurn(content="", tool_calls=(ToolCall(text[6:-1]),))
         raise ParseError("not a [call ...]")
 
     register_chat_format("bracket", lambda tokenizer, tools=None, template_kwargs=None:
@@ -117,3 +117,92 @@ def test_a_family_on_the_tokenizers_template_needs_only_its_parser(tokenizer, re
     with pytest.raises(ParseError):
         fmt.parse_turn(TURNS[0])
     assert fmt.prompt_ids(OPENING) == get_chat_format("hermes")(tokenizer, tools=TOOLS).prompt_ids(OPENING)
+
+
+# -- choosing a family: policy.chat_format, auto detection, python -m rollout formats ------------------
+
+
+def test_auto_picks_hermes_for_qwen3_and_says_so(tokenizer, caplog):
+    """``policy.chat_format=auto`` detects Qwen3's tokenizer (ChatML + <tool_call> template) as
+    hermes, and the worker's resolution logs what it picked."""
+    import logging
+
+    from rollout.core.config import PolicyConfig
+    from rollout.core.formats import detect_chat_format, resolve_chat_format
+    from rollout.core.worker import chat_format_for
+
+    assert detect_chat_format(tokenizer) == "hermes"
+    assert resolve_chat_format("auto", tokenizer) == "hermes" and resolve_chat_format("hermes", tokenizer) == "hermes"
+    with caplog.at_level(logging.INFO, logger="rollout.core.worker"):
+        assert chat_format_for(PolicyConfig(), tokenizer) == "hermes"
+    assert "policy.chat_format=auto: chat format hermes" in caplog.text
+
+
+def test_auto_refuses_a_tokenizer_no_family_recognises(registry):
+    """A tokenizer no detector accepts is a TemplateError naming policy.chat_format, not a guess."""
+    from rollout.core.config import PolicyConfig
+    from rollout.core.formats import TemplateError, detect_chat_format
+    from rollout.core.worker import chat_format_for
+
+    class Bare:
+        name_or_path = "some/unknown-model"
+        chat_template = "{{ messages }}"
+        all_special_tokens: list = []
+
+    assert detect_chat_format(Bare()) is None
+    with pytest.raises(TemplateError, match=r"policy.chat_format=auto: no registered chat format recognises .*set policy.chat_format"):
+        chat_format_for(PolicyConfig(), Bare())
+
+
+def test_a_detector_that_raises_does_not_stop_detection(registry, tokenizer):
+    from rollout.core.formats import FormatInfo, detect_chat_format
+
+    def boom(tok):
+        raise RuntimeError("broken detector")
+
+    register_chat_format(FormatInfo(name="broken", factory=lambda tokenizer, tools=None, template_kwargs=None: None, detect=boom))
+    assert detect_chat_format(tokenizer) == "hermes"
+
+
+def test_the_config_names_policy_chat_format_for_an_unknown_family():
+    from rollout.core.config import ConfigError, load_config
+
+    assert load_config(None, ["local.enabled=true"]).policy.chat_format == "auto"
+    assert load_config(None, ["local.enabled=true", "policy.chat_format=hermes"]).policy.chat_format == "hermes"
+    with pytest.raises(ConfigError, match=r"policy.chat_format: unknown chat format 'qwen9'; valid: auto, .*hermes"):
+        load_config(None, ["local.enabled=true", "policy.chat_format=qwen9"])
+    with pytest.raises(ValueError, match="'auto' is policy.chat_format's detection"):
+        register_chat_format("auto", lambda tokenizer, tools=None, template_kwargs=None: None)
+
+
+def test_hermes_refuses_a_tokenizer_without_a_chat_template(tokenizer):
+    from rollout.core.formats import TemplateError
+
+    class NoTemplate:
+        name_or_path = "bare"
+        chat_template = None
+        eos_token = tokenizer.eos_token
+
+    with pytest.raises(TemplateError, match="has none; set policy.chat_format"):
+        get_chat_format("hermes")(NoTemplate())
+
+
+def test_python_m_rollout_formats_lists_every_family_as_json_and_as_a_table():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    out = subprocess.run([sys.executable, "-m", "rollout", "formats", "--json"], capture_output=True, text=True, env=env, timeout=120, check=True)
+    rows = json.loads(out.stdout)
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == set(chat_formats())
+    assert by_name["hermes"]["tokenizer"] == "builtin:qwen3" and by_name["hermes"]["tested"] is True
+    for r in rows:
+        assert {"name", "tokenizer", "tested", "renderer", "detection", "installed"} <= set(r)
+        assert r["tokenizer"] is None or r["tokenizer"].startswith("builtin:")
+    table = subprocess.run([sys.executable, "-m", "rollout", "formats"], capture_output=True, text=True, env=env, timeout=120, check=True).stdout
+    assert table.splitlines()[0].split() [:2] == ["format", "tokenizer"]
+    for name in chat_formats():
+        assert any(line.startswith(name + " ") for line in table.splitlines())

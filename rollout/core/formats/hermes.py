@@ -22,8 +22,10 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # Longest tool-call body accepted, in characters (a guard against runaway generations that
 # happen to close the tag; tau2's longest gold arguments are well under 2 kB).
 MAX_CALL_CHARS = 32_768
+# How to reply or call a tool in this format (ChatFormat.call_hint; the end of the parse-error feedback).
+CALL_HINT = 'Reply to the user in plain text, or call exactly one tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
 
-__all__ = ["CALL_CLOSE", "CALL_OPEN", "MAX_CALL_CHARS", "THINK_CLOSE", "THINK_OPEN", "ParseError", "ParsedTurn", "ToolCall", "parse_turn"]
+__all__ = ["CALL_CLOSE", "CALL_HINT", "CALL_OPEN", "MAX_CALL_CHARS", "THINK_CLOSE", "THINK_OPEN", "ParseError", "ParsedTurn", "ToolCall", "parse_turn"]
 
 
 def _split_reasoning(text: str) -> tuple[str | None, str]:
@@ -69,7 +71,7 @@ def parse_turn(text: str, tool_names: Iterable[str] | None = None) -> ParsedTurn
         content = rest.strip()
         if not content:
             raise ParseError("empty response: reply to the user or call a tool")
-        return ParsedTurn(content=content, tool_call=None, reasoning=reasoning)
+        return ParsedTurn(content=content, reasoning=reasoning)
     if n_open > 1 or n_close > 1:
         raise ParseError("more than one tool call in one turn; call exactly one tool per turn")
     if n_open != n_close:
@@ -80,7 +82,7 @@ def parse_turn(text: str, tool_names: Iterable[str] | None = None) -> ParsedTurn
         raise ParseError(f"tool call longer than {MAX_CALL_CHARS} characters")
     call = _parse_call_body(body, tool_names)
     content = (before.strip() + ("\n" + after.strip() if after.strip() else "")).strip()
-    return ParsedTurn(content=content, tool_call=call, reasoning=reasoning)
+    return ParsedTurn(content=content, tool_calls=(call,), reasoning=reasoning)
 
 
 def _parse_call_body(body: str, tool_names: Iterable[str] | None) -> ToolCall:

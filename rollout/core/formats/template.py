@@ -38,7 +38,7 @@ import threading
 from typing import Any, Iterable
 
 from rollout.core.formats.codec import gil_free_codec
-from rollout.core.formats.hermes import parse_turn
+from rollout.core.formats.hermes import CALL_HINT, parse_turn
 from rollout.core.formats.probe import probe_template
 from rollout.core.formats.protocol import ParsedTurn, TemplateError, TemplateReport, TurnParser
 
@@ -70,15 +70,18 @@ class ChatTemplate:
             ``{"enable_thinking": False}`` for Qwen3).
         parser: reads one assistant turn (:meth:`parse_turn`); default: the Qwen3 / Hermes
             ``<tool_call>`` parser, :func:`rollout.core.formats.hermes.parse_turn`.
+        call_hint: how to call a tool in the parser's format (:attr:`ChatFormat.call_hint`);
+            default: the Hermes one.
 
     Raises:
         TemplateError: the tokenizer has no EOS token to close assistant turns with.
     """
 
     def __init__(self, tokenizer, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
-                 parser: TurnParser = parse_turn):
+                 parser: TurnParser = parse_turn, call_hint: str = CALL_HINT):
         self.tokenizer = tokenizer
         self.parser = parser
+        self.call_hint = call_hint
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
         eot = getattr(tokenizer, "eos_token", None)
@@ -342,13 +345,14 @@ class ChatTemplate:
         return len(generated_ids) >= n and generated_ids[-n:] == self.eot_ids
 
     # -- parsing -------------------------------------------------------------------------------
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None = None) -> ParsedTurn:
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None = None, ids: list[int] | None = None) -> ParsedTurn:
         """One assistant turn's decoded text (end-of-turn tokens removed), read by :attr:`parser`.
 
         Args:
             text: the turn's text, special tokens kept.
             tool_names: the tools the environment offers; a call to another is a ParseError.
                 ``None`` skips that check.
+            ids: unused (the parser reads text).
 
         Raises:
             ParseError: the text is not a valid reply or tool call (and nothing else).

@@ -820,7 +820,7 @@ def main_pool(args) -> int:
                         stack.stop(remove_logs=False)
                     stack = LocalStack(row_cfg.local, domain, row_cfg.policy.tokenizer,
                                        log_dir=Path(row_cfg.rollout.output_dir) / "bench_stack_logs",
-                                       api_key_env=row_cfg.policy.api_key_env).start()
+                                       api_key_env=row_cfg.policy.api_key_env, chat_format=row_cfg.policy.chat_format).start()
                     stack_loop = stack_event_loops(stack)
                 run_cfg = resolve_endpoints(row_cfg, stack.router_url)
                 run_cfg = dataclasses.replace(run_cfg, local=dataclasses.replace(run_cfg.local, enabled=False))

@@ -4,11 +4,14 @@ The backend is stateless per request. From the prompt token ids alone it works o
 
 * which task the conversation is about: the task whose (whitespace-normalised)
   ``user_scenario.instructions.reason_for_call`` occurs in the first user turn after the system
-  prompt (Qwen3 chat format, ``<|im_start|>user\\n...<|im_end|>``);
-* how far the episode has got: the number of ``<tool_response>`` blocks after the system prompt.
+  prompt;
+* how far the episode has got: the number of tool results after the system prompt.
 
-It then answers with the next gold action as a Qwen/Hermes tool call
-(``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` + ``<|im_end|>``), or, once every
+The prompt is read, and the answer written, in the chat format's dialect
+(:mod:`rollout.devtools.local.dialects`: ``policy.chat_format``, or the family detected from the
+tokenizer): Qwen3's (``<|im_start|>user\\n...<|im_end|>``, ``<tool_response>`` blocks) by default.
+It answers with the next gold action as a tool call of that format (Hermes:
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` + ``<|im_end|>``), or, once every
 gold action has been replayed, one closing message that states every ``communicate_info`` string
 verbatim, or ``###STOP###`` when that closing message has already been said. Replaying a task this
 way earns reward 1.0 from tau2's own evaluator, so the whole pipeline can be checked end to end.
@@ -46,28 +49,22 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rollout.benchmarks.tau2.user import CASE_REFERENCE_RE, case_reference, gold_segments
+from rollout.core.formats import AUTO, get_chat_format, resolve_chat_format
 from rollout.devtools.local.backend_api import SamplingParams
+from rollout.devtools.local.dialects import Message, get_dialect
 
 logger = logging.getLogger(__name__)
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-TOOL_RESPONSE = "<tool_response>"
-TOOL_CALL = "<tool_call>"
 STOP_TOKEN = "###STOP###"
 DONE_TEXT = "Your request has been completed."
 # Tokens the local server takes from gold replay per step: a tool call or a reply is 20-100
 # tokens, so a turn costs the server a few steps instead of one per token.
 GOLD_TOKENS_PER_STEP = 16
 
-# One chat message: role, content, and whether it was closed by <|im_end|> (the last, open
-# assistant turn of a generation prompt is not).
-_MESSAGE_RE = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.DOTALL)
 
 
 def _norm(text: str) -> str:
@@ -140,29 +137,34 @@ class GoldReplayBackend:
     Args:
         domain: a domain of tau2's registry (``retail``, ``airline``, ``telecom``, ...); every
             task of it is indexed once, here (telecom: its 2285 tasks, about 2 s).
-        tokenizer: a ``transformers`` tokenizer for the Qwen3 chat format (``<|im_end|>`` must be
-            one token).
+        tokenizer: the policy's tokenizer (``transformers``-like: ``encode``, ``decode``,
+            ``convert_tokens_to_ids``).
         skip_write: skip the first gold action whose tool is a write tool.
+        chat_format: the chat format whose dialect the prompt is read and the answer written in
+            (``auto``: the family detected from the tokenizer).
 
     Raises:
         ValueError: unknown domain, or a task with an empty reason for the call.
+        KeyError: an unknown chat format, one the local stack does not speak, or ``auto`` that
+            recognises no family.
     """
 
-    def __init__(self, domain: str, tokenizer, skip_write: bool = False) -> None:
+    def __init__(self, domain: str, tokenizer, skip_write: bool = False, chat_format: str = AUTO) -> None:
         self.domain = domain
         self.tokenizer = tokenizer
         self.skip_write = skip_write
         self.name = "gold_replay_skip_write" if skip_write else "gold_replay"
         # tokens the server takes per step (see GenerationBackend): the text is known in advance
         self.tokens_per_step = GOLD_TOKENS_PER_STEP
-        im_end = tokenizer.convert_tokens_to_ids(IM_END)
-        if not isinstance(im_end, int) or im_end == getattr(tokenizer, "unk_token_id", None):
-            im_end = tokenizer.eos_token_id
-        self.eos_id: int = int(im_end)
-        im_start = tokenizer.convert_tokens_to_ids(IM_START)
-        self._im_start_id: int | None = im_start if isinstance(im_start, int) and im_start != getattr(tokenizer, "unk_token_id", None) else None
+        self.chat_format = resolve_chat_format(chat_format, tokenizer)
+        self.dialect = get_dialect(self.chat_format)
+        # the format's end-of-turn ids close every answer (Qwen3: <|im_end|>)
+        self.eot_ids: list[int] = list(get_chat_format(self.chat_format)(tokenizer).eot_ids)
+        split = self.dialect.split_token
+        split_id = tokenizer.convert_tokens_to_ids(split) if split else None
+        self._split_id: int | None = split_id if isinstance(split_id, int) and split_id != getattr(tokenizer, "unk_token_id", None) else None
         # message token ids -> (decoded text, its messages)
-        self._pieces: dict[tuple[int, ...], tuple[str, tuple[tuple[str, str, bool], ...]]] = {}
+        self._pieces: dict[tuple[int, ...], tuple[str, tuple[Message, ...]]] = {}
         tasks, self._is_write = _load_domain(domain)
         self._plans: dict[str, _Plan] = self._build_index(tasks)
         # Longest first, so that the most specific reason is tried first.
@@ -173,9 +175,10 @@ class GoldReplayBackend:
         )
 
     def _split(self, input_ids: list[int]) -> list[tuple[int, ...]]:
-        """``input_ids`` cut before each ``<|im_start|>`` (one piece per message; the whole prompt
-        as one piece when the tokenizer has no such token). Found with ``list.index`` (C speed)."""
-        start = self._im_start_id
+        """``input_ids`` cut before each of the dialect's split token (``<|im_start|>`` for Qwen3;
+        one piece per message; the whole prompt as one piece when there is none). Found with
+        ``list.index`` (C speed)."""
+        start = self._split_id
         if start is None:
             return [tuple(input_ids)]
         cuts, i = [], -1
@@ -190,23 +193,23 @@ class GoldReplayBackend:
 
     def _decode_prompt(self, input_ids: list[int]) -> str:
         """``tokenizer.decode(input_ids, skip_special_tokens=False)``, message by message with a
-        cache: split before each ``<|im_start|>`` (a special token, which no other piece spans),
+        cache: split before each split token (a special token, which no other piece spans),
         the pieces decode to the same text as the whole; the system prompt and earlier turns,
         most of every prompt, are then decoded once (a 10k-token decode costs about 5 ms)."""
         return "".join(self._piece(p)[0] for p in self._split(list(input_ids)))
 
-    def _messages(self, input_ids: list[int]) -> list[tuple[str, str, bool]]:
-        """The prompt's messages as ``(role, content, closed)``: :data:`_MESSAGE_RE` over the
-        decoded prompt, matched piece by piece (every match starts at an ``<|im_start|>`` and ends
-        at the next one at the latest, so no match spans two pieces) and cached with the piece."""
+    def _messages(self, input_ids: list[int]) -> list[Message]:
+        """The prompt's messages (:class:`~rollout.devtools.local.dialects.Message`), read by the
+        dialect piece by piece (a message starts at a split token, so none spans two pieces) and
+        cached with the piece."""
         return [m for p in self._split(list(input_ids)) for m in self._piece(p)[1]]
 
-    def _piece(self, piece: tuple[int, ...]) -> tuple[str, tuple[tuple[str, str, bool], ...]]:
+    def _piece(self, piece: tuple[int, ...]) -> tuple[str, tuple[Message, ...]]:
         """A piece's decoded text and its messages (see :meth:`_messages`), cached."""
         hit = self._pieces.get(piece)
         if hit is None:
             text = self.tokenizer.decode(list(piece), skip_special_tokens=False)
-            msgs = tuple((m.group(1).strip(), m.group(2), bool(m.group(3))) for m in _MESSAGE_RE.finditer(text))
+            msgs = tuple(self.dialect.messages(text))
             hit = (text, msgs)
             if len(self._pieces) >= 4096:  # bounded: forget everything and start again
                 self._pieces.clear()
@@ -310,49 +313,40 @@ class GoldReplayBackend:
 
     # ----------------------------------------------------------- generation
     def next_text(self, input_ids: list[int]) -> str:
-        """The oracle's next assistant message (without ``<|im_end|>``) for a prompt."""
+        """The oracle's next assistant message (without its end-of-turn) for a prompt, in the dialect."""
         messages = self._messages(input_ids)
-        start = 1 if messages and messages[0][0] == "system" else 0
+        start = 1 if messages and messages[0].role == "system" else 0
         convo = messages[start:]
-        first_user = next(
-            (i for i, (role, content, _) in enumerate(convo) if role == "user" and TOOL_RESPONSE not in content),
-            None,
-        )
+        first_user = next((i for i, m in enumerate(convo) if m.role == "user"), None)
         if first_user is None:
             return "I could not find a user request in this conversation, so there is no task to replay."
-        plan = self._match(convo[first_user][1])
+        plan = self._match(convo[first_user].content)
         if plan is None:
             return f"No {self.domain} task matches this conversation (or more than one does); nothing to replay."
-        progress = sum(content.count(TOOL_RESPONSE) for _, content, _ in convo)
+        progress = sum(1 for m in convo if m.role == "tool")
         if plan.handovers:  # dual control: hand over to the user before each run of its actions
-            said = sum(1 for role, content, closed in convo[first_user + 1:] if role == "assistant" and closed and TOOL_CALL not in content)
+            said = sum(1 for m in convo[first_user + 1:] if m.role == "assistant" and m.closed and not m.calls)
             due = plan.handovers_before[progress] if progress < len(plan.actions) else len(plan.handovers)
             if said < due:
                 return plan.handovers[said]
             if progress >= len(plan.actions):
                 return plan.final_text if said == len(plan.handovers) else STOP_TOKEN
         if progress < len(plan.actions):
-            name, args = plan.actions[progress]
-            return TOOL_CALL + "\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
-        last_tool = max(
-            (i for i, (_, content, _) in enumerate(convo) if TOOL_RESPONSE in content),
-            default=-1,
-        )
+            return self.dialect.assistant_text("", [plan.actions[progress]])
+        last_tool = max((i for i, m in enumerate(convo) if m.role == "tool"), default=-1)
         after = max(last_tool, first_user)
-        already_said = any(
-            role == "assistant" and closed and TOOL_CALL not in content
-            for role, content, closed in convo[after + 1:]
-        )
+        already_said = any(m.role == "assistant" and m.closed and not m.calls for m in convo[after + 1:])
         return STOP_TOKEN if already_said else plan.final_text
 
     def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[tuple[int, float]]:
-        """Yield the oracle's next message token by token, then ``<|im_end|>``; log-probs are 0.0."""
+        """Yield the oracle's next message token by token, then the format's end-of-turn ids
+        (``<|im_end|>`` for Qwen3); log-probs are 0.0."""
         try:
             text = self.next_text(input_ids)
         except Exception:  # never raise into the server: say so instead
             logger.exception("gold replay failed on a prompt of %d tokens", len(input_ids))
             text = "The gold-replay oracle failed on this prompt."
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + self.eot_ids
         for tok in ids:
             yield int(tok), 0.0
 

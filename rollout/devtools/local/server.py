@@ -139,7 +139,7 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 
 
-def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None) -> GenerationBackend:
+def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None, chat_format: str = "auto") -> GenerationBackend:
     """Build a generation backend by name.
 
     Args:
@@ -147,6 +147,9 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
         domain: tau2 domain for the gold-replay backends (ignored by ``tiny``).
         tokenizer: the loaded ``transformers`` tokenizer shared by server and backend.
         tiny_cfg: ``dataclasses.asdict(TinyModelConfig)``-style dict for ``tiny`` (None: defaults).
+        chat_format: the chat format the gold-replay backends read and write, and ``tiny``
+            renders its user-simulator chats with when the tokenizer has no chat template
+            (``auto``: detected from the tokenizer).
 
     Raises:
         ValueError: unknown backend name (or a backend's own construction error).
@@ -155,7 +158,7 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
     if name in ("gold_replay", "gold_replay_skip_write"):
         from rollout.devtools.local.gold import GoldReplayBackend
 
-        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"))
+        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"), chat_format=chat_format)
     if name == "tiny":
         from rollout.devtools.local.tiny import TinyLMBackend  # needs torch; imported only here
 
@@ -165,7 +168,7 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
             tiny_cfg = dataclasses.asdict(TinyModelConfig())
         # One torch thread per server process: a one-token decode step is too small for OpenMP,
         # and two threads on a busy 2-core machine made 64 tokens take 13-18 s instead of ~1 s.
-        return TinyLMBackend(tokenizer, dict(tiny_cfg), num_threads=1)
+        return TinyLMBackend(tokenizer, dict(tiny_cfg), num_threads=1, chat_format=chat_format)
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
 
 
@@ -295,7 +298,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--backend", choices=BACKENDS, default="gold_replay")
     p.add_argument("--domain", default="retail", help="tau2 domain (gold_replay backends)")
-    p.add_argument("--tokenizer", default="builtin:qwen3", help="builtin:qwen3, a local folder or a hub id")
+    p.add_argument("--tokenizer", default="builtin:qwen3", help="builtin:<vocabulary>, a local folder or a hub id")
+    p.add_argument("--chat-format", default="auto", help="the chat format gold replay speaks (auto: detected from the tokenizer)")
     p.add_argument("--tiny-config", default=None, help="JSON of TinyModelConfig fields (tiny backend)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--max-workers", type=int, default=64, help="generation threads")
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tiny_cfg = json.loads(args.tiny_config) if args.tiny_config else None
     tokenizer = load_tokenizer(args.tokenizer)
-    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg)
+    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg, chat_format=args.chat_format)
     server = LocalSGLangServer(
         backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
         weight_version=args.weight_version, api_key=api_key, admin_api_key=admin_api_key,

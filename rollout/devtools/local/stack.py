@@ -259,14 +259,16 @@ class LocalStack:
         domain: the domain the gold-replay servers index: a tau2 domain (a registry name: ``retail``, ``airline``,
             ``telecom``, ...), or ``"<benchmark>:<domain>"`` for another benchmark (``tau_bench:retail``;
             :func:`rollout.core.environment.domain_key`), indexed through the benchmark registry.
-        tokenizer: ``builtin:qwen3``, a local tokenizer folder, or a hub id (the router gets the
-            resolved path; a hub id makes it download).
+        tokenizer: ``builtin:<vocabulary>``, a local tokenizer folder, or a hub id (the router gets
+            the resolved path, a folder written once for a built-in vocabulary; a hub id makes it download).
         log_dir: where ``server-<i>.log`` and ``router.log`` go; None: a temporary folder,
             removed by :meth:`stop`.
         api_key_env: name of the environment variable holding the API key (``policy.api_key_env``).
             When it is set (non-empty) at :meth:`start`, the servers and the router require
             ``Authorization: Bearer <key>`` (see the module docstring); the stack's own checks
             send it. The key is passed to the subprocesses through their environment only.
+        chat_format: ``policy.chat_format``: the format the gold-replay servers read and write
+            (``auto``: detected from the tokenizer by each server).
 
     Usage::
 
@@ -278,10 +280,11 @@ class LocalStack:
     """
 
     def __init__(self, local: LocalConfig, domain: str, tokenizer: str, log_dir: Path | None = None,
-                 api_key_env: str | None = None) -> None:
+                 api_key_env: str | None = None, chat_format: str = "auto") -> None:
         self.local = local
         self.domain = domain
         self.tokenizer = tokenizer
+        self.chat_format = chat_format
         self.api_key_env = api_key_env
         self._api_key: str | None = None
         self._own_log_dir = log_dir is None
@@ -438,7 +441,7 @@ class LocalStack:
                 sys.executable, "-m", "rollout.devtools.local.server",
                 "--host", host, "--port", str(port),
                 "--backend", local.backend, "--domain", self.domain,
-                "--tokenizer", self.tokenizer, "--tiny-config", tiny_json,
+                "--tokenizer", self.tokenizer, "--chat-format", self.chat_format, "--tiny-config", tiny_json,
                 "--weight-version", str(local.weight_version),
                 "--generate-latency-s", repr(float(local.generate_latency_s)),
                 "--event-loop", local.event_loop,

@@ -293,12 +293,15 @@ class TinyLMBackend:
         cfg: dict | TinyModelConfig | None = None,
         *,
         num_threads: int | None = None,
+        chat_format: str = "auto",
     ):
         """Build the model for ``tokenizer`` (an object, or a name for ``load_tokenizer``).
 
         ``num_threads``: if given, ``torch.set_num_threads(num_threads)`` (process-wide). One
         thread is fastest for decoding on a small shared CPU: a one-token step of this model is
         too small for OpenMP, whose threads then only contend with other processes.
+        ``chat_format``: the family whose format renders :meth:`chat`'s prompts when the
+        tokenizer has no chat template of its own (``auto``: detected from the tokenizer).
         """
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
@@ -307,6 +310,8 @@ class TinyLMBackend:
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
+        self.chat_format = chat_format
+        self._chat_renderer: Any = None  # the chat format chat() renders with, built on first use
         self.cfg = _tiny_cfg(cfg)
         self.vocab_size = len(tokenizer)
         self.model = build_tiny_model(self.vocab_size, self.cfg)
@@ -363,12 +368,19 @@ class TinyLMBackend:
             next_ids = torch.tensor([[token]], dtype=torch.long)
 
     def chat(self, messages: list[dict], params: SamplingParams) -> str:
-        """Render ``messages`` with the chat template, sample up to ``max_new_tokens`` tokens,
-        stop at ``<|im_end|>`` / EOS / ``stop_token_ids``, return the text without special tokens."""
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        """Render ``messages`` with the chat template (or, for a tokenizer without one, with the
+        chat format's :meth:`~rollout.core.formats.ChatFormat.prompt_ids`), sample up to
+        ``max_new_tokens`` tokens, stop at ``<|im_end|>`` / EOS / ``stop_token_ids``, return the
+        text without special tokens."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            if self._chat_renderer is None:
+                from rollout.core.formats import get_chat_format, resolve_chat_format
+
+                self._chat_renderer = get_chat_format(resolve_chat_format(self.chat_format, self.tokenizer))(self.tokenizer)
+            prompt = list(self._chat_renderer.prompt_ids(messages))
         stops = {int(t) for t in params.stop_token_ids}
         if not params.ignore_eos:
             stops.update(
