@@ -147,8 +147,11 @@ def id_mismatches(result: InteractionResult, calls: list[tuple[list[int], list[i
     return bad
 
 
-def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict] | None, template_kwargs: dict) -> tuple[int, int]:
-    """The seed's way: render the final messages with the chat template and tokenize them.
+def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict] | None, template_kwargs: dict,
+                         chat: Any = None) -> tuple[int, int]:
+    """The seed's way: render the final messages with the chat template and tokenize them (for a
+    family without a chat template, its chat format, ``chat.prompt_ids``, re-renders the
+    conversation up to the prompt of the last assistant turn).
 
     Returns:
         ``(differing_tokens, length_delta)`` against the sampled trajectory (tokens outside the
@@ -159,11 +162,22 @@ def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict]
     # the trajectory stops after the last assistant turn: so does the baseline
     while msgs and msgs[-1]["role"] != "assistant":
         msgs.pop()
-    text = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False, **template_kwargs)
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    sm = difflib.SequenceMatcher(a=traj.tokens, b=ids, autojunk=False)
+    reference = traj.tokens
+    if getattr(tokenizer, "chat_template", None) or chat is None:
+        text = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False, **template_kwargs)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        # a family without a template: its format re-renders the conversation up to the last
+        # assistant turn's prompt (a format such as mistral-common's renders no conversation that
+        # ends with the assistant), compared with the trajectory up to that turn's first call
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+        ids = list(chat.prompt_ids(msgs))
+        if traj.generation_spans:
+            reference = traj.tokens[: len(traj.prompt_ids) + traj.generation_spans[-1][0]]
+    sm = difflib.SequenceMatcher(a=reference, b=ids, autojunk=False)
     same = sum(b.size for b in sm.get_matching_blocks())
-    return (len(traj.tokens) - same) + (len(ids) - same), len(ids) - len(traj.tokens)
+    return (len(reference) - same) + (len(ids) - same), len(ids) - len(reference)
 
 
 def recompute_masked_log_probs(model, tokens: list[int], positions: list[int], temperature: float) -> list[float]:
@@ -263,7 +277,7 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
         masked = [i for i, m in enumerate(traj.loss_mask) if m == 1]
         recomputed = recompute_masked_log_probs(model, traj.tokens, [p + i for i in masked], cfg.policy.sampling.temperature) if masked else []
         diff = max((abs(a - traj.rollout_log_probs[i]) for a, i in zip(recomputed, masked)), default=0.0)
-        base_diff, base_len = retokenized_baseline(res, tokenizer, worker.domain.tool_schemas, kwargs)
+        base_diff, base_len = retokenized_baseline(res, tokenizer, worker.domain.tool_schemas, kwargs, worker.chat)
         report.episodes.append(
             EpisodeCheck(res.spec.episode_id, int(res.metadata.get("turns", 0)), len(masked), diff,
                          id_mismatches(res, proxy.calls.get(res.spec.episode_id, [])), base_diff, base_len)

@@ -158,3 +158,29 @@ def test_every_status_has_the_seeds_name():
     assert seed_status("parse_error") is Status.ABORTED
     with pytest.raises(ValueError):
         seed_status("done")
+
+
+@pytest.mark.slow
+async def test_asolve_speaks_the_family_rollout_args_name(tmp_path):
+    """The seed's agent with another family: ``rollout_args.tokenizer`` names DeepSeek-V4's offline
+    vocabulary and ``chat_format`` is ``auto``; the local stack's oracle writes DSML tool calls, the
+    episode earns 1.0, and the prompt and mask are the family's (its BOS, its end-of-turn)."""
+    pytest.importorskip("renderers")
+    from rollout.benchmarks.tau2.environment import Tau2Domain
+    from rollout.core.config import LocalConfig
+    from rollout.core.tokenizer import load_tokenizer
+    from rollout.devtools.local.stack import LocalStack
+
+    retail = Tau2Domain("retail")
+    task_id = retail.task_ids("base")[1]
+    tok = load_tokenizer("builtin:deepseek-v4")
+    with LocalStack(LocalConfig(enabled=True, num_servers=1, startup_timeout_s=120), "retail", "builtin:deepseek-v4",
+                    log_dir=tmp_path / "stack", chat_format="deepseek-v4") as stack:
+        env = make_env(retail, task_id, env_cfg=EnvConfig(domain="retail"))
+        res = await TrainableAgent().asolve(env, {"router_url": stack.router_url, "tokenizer": "builtin:deepseek-v4", "chat_format": "auto"},
+                                           {**SAMPLING, "stop": []}, task_id, 30)
+    assert res.status is Status.COMPLETED and res.reward == 1.0, res.info
+    assert res.prompt_token_ids[0] == tok.bos_token_id and res.tokens == res.prompt_token_ids + res.response_token_ids
+    assert any("DSML" in tok.decode(res.response_token_ids[a:b]) for a, b in res.generation_spans)
+    sampled = [i for a, b in res.generation_spans for i in range(a, b)]
+    assert sampled == [i for i, m in enumerate(res.loss_mask) if m == 1]

@@ -1,7 +1,8 @@
 """A scripted SGLang-protocol policy server for tests: answers /generate from a Python function.
 
 The function gets ``(episode_id, step, input_ids)`` and returns ``(text, finish)`` where finish
-is ``"eos"`` (the text is followed by the tokenizer's EOS id, as a model ending its turn),
+is ``"eos"`` (the text is followed by the tokenizer's EOS id, or the ``eot_ids`` given, as a
+model ending its turn),
 ``"stop"`` (ended on a stop string: no EOS) or ``"length"``. Log-probs are made up but distinct
 per position so that alignment errors are visible.
 """
@@ -14,22 +15,23 @@ from rollout.core.episode import parse_request_id
 
 
 class ScriptedPolicyServer:
-    def __init__(self, tokenizer, script):
+    def __init__(self, tokenizer, script, eot_ids: list[int] | None = None):
         self.tokenizer = tokenizer
         self.script = script
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.eot_ids = list(eot_ids) if eot_ids is not None else [self.eos_id]
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         eid, _, step = parse_request_id(body["rid"])
         text, finish = self.script(eid, step, body["input_ids"])
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if finish == "eos":
-            ids.append(self.eos_id)
+            ids += self.eot_ids
         budget = body["sampling_params"]["max_new_tokens"]
         if len(ids) > budget:  # as a server would: cut at max_new_tokens
             ids, finish = ids[:budget], "length"
-        fr = {"type": "length", "length": len(ids)} if finish == "length" else {"type": "stop", "matched": self.eos_id if finish == "eos" else "</tool_call>"}
+        fr = {"type": "length", "length": len(ids)} if finish == "length" else {"type": "stop", "matched": self.eot_ids[-1] if finish == "eos" else "</tool_call>"}
         lps = [-0.01 * (k + 1) for k in range(len(ids))]
         return web.json_response({
             "text": text, "output_ids": ids,

@@ -313,30 +313,36 @@ class GoldReplayBackend:
 
     # ----------------------------------------------------------- generation
     def next_text(self, input_ids: list[int]) -> str:
-        """The oracle's next assistant message (without its end-of-turn) for a prompt, in the dialect."""
+        """The oracle's next assistant message (without its end-of-turn) for a prompt, written by
+        the dialect (a reply as the family writes one, e.g. after closing Qwen3.6's reasoning)."""
+        content, calls = self._next_turn(input_ids)
+        return self.dialect.assistant_text(content, calls)
+
+    def _next_turn(self, input_ids: list[int]) -> tuple[str, list[tuple[str, dict]]]:
+        """The oracle's next turn: ``(text, [])`` for a reply, ``("", [(tool, arguments)])`` for a call."""
         messages = self._messages(input_ids)
         start = 1 if messages and messages[0].role == "system" else 0
         convo = messages[start:]
         first_user = next((i for i, m in enumerate(convo) if m.role == "user"), None)
         if first_user is None:
-            return "I could not find a user request in this conversation, so there is no task to replay."
+            return "I could not find a user request in this conversation, so there is no task to replay.", []
         plan = self._match(convo[first_user].content)
         if plan is None:
-            return f"No {self.domain} task matches this conversation (or more than one does); nothing to replay."
+            return f"No {self.domain} task matches this conversation (or more than one does); nothing to replay.", []
         progress = sum(1 for m in convo if m.role == "tool")
         if plan.handovers:  # dual control: hand over to the user before each run of its actions
             said = sum(1 for m in convo[first_user + 1:] if m.role == "assistant" and m.closed and not m.calls)
             due = plan.handovers_before[progress] if progress < len(plan.actions) else len(plan.handovers)
             if said < due:
-                return plan.handovers[said]
+                return plan.handovers[said], []
             if progress >= len(plan.actions):
-                return plan.final_text if said == len(plan.handovers) else STOP_TOKEN
+                return (plan.final_text if said == len(plan.handovers) else STOP_TOKEN), []
         if progress < len(plan.actions):
-            return self.dialect.assistant_text("", [plan.actions[progress]])
+            return "", [plan.actions[progress]]
         last_tool = max((i for i, m in enumerate(convo) if m.role == "tool"), default=-1)
         after = max(last_tool, first_user)
         already_said = any(m.role == "assistant" and m.closed and not m.calls for m in convo[after + 1:])
-        return STOP_TOKEN if already_said else plan.final_text
+        return (STOP_TOKEN if already_said else plan.final_text), []
 
     def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[tuple[int, float]]:
         """Yield the oracle's next message token by token, then the format's end-of-turn ids
