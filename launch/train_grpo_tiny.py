@@ -14,8 +14,9 @@ off-policy, as slime and AReaL run asynchronously). B is ``--groups-per-step``:
 3. For every sample, the log-probs of its loss-masked tokens are recomputed with the trainer's own
    copy of the weights that sampled each token (``TrainingSample.token_weight_versions``), and
    ``max_abs_logprob_diff`` is the largest |trainer - rollout| difference of the step.
-4. Group-normalised advantages ``(r - mean(group)) / (std(group) + 1e-6)`` (GRPO, Shao et al. 2024,
-   arXiv:2402.03300) and the clipped policy-gradient loss ``-min(rho A, clip(rho, 1-eps, 1+eps) A)``
+4. Group-normalised advantages ``(r - mean(group)) / (std(group) + 1e-6)`` over the group's
+   episodes, each applied to all of the episode's samples (``rollout.sample_mode``;
+   ``rollout.core.groups.episode_advantages``) (GRPO, Shao et al. 2024, arXiv:2402.03300) and the clipped policy-gradient loss ``-min(rho A, clip(rho, 1-eps, 1+eps) A)``
    with ``rho = exp(logp_now - logp_rollout)`` (PPO, Schulman et al. 2017), averaged over all the
    step's loss-masked tokens (DAPO's token-level mean, arXiv:2503.14476); one Adam step.
 5. The rest of the next step's batch is submitted (``pool.prefetch(B, tasks)``), the weights are
@@ -306,14 +307,15 @@ class TinyTrainer:
 
     def step(self, groups) -> dict:
         """One GRPO step over ``groups`` (lists of TrainingSample); returns loss statistics."""
+        from rollout.core.groups import episode_advantages
+
         torch = self.torch
         total = sum(sum(s.loss_mask) for g in groups for s in g)
         self.opt.zero_grad(set_to_none=True)
         loss_sum, clipped = 0.0, 0
         for g in groups:
-            rewards = torch.tensor([s.reward for s in g])
-            adv = (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
-            for s, a in zip(g, adv.tolist()):
+            # one advantage per episode, applied to each of its samples (rollout.sample_mode)
+            for s, a in zip(g, episode_advantages(g)):
                 idx = [i for i, m in enumerate(s.loss_mask) if m]
                 if not idx:
                     continue
@@ -384,6 +386,7 @@ def train(cfg, args) -> dict:
             # At most B groups complete or on their way: when B are kept, at most B - 1 are left.
             groups = pool.collect_groups(b, tasks, abort_surplus=False, max_outstanding_groups=b, timeout_s=args.timeout_s)
             samples = [s for g in groups for s in g]
+            ep_rewards = {s.episode_id: s.reward for s in samples}
 
             def work():
                 return trainer.logprob_check(samples), trainer.step(groups)
@@ -420,7 +423,7 @@ def train(cfg, args) -> dict:
                 "update_checked": not last, "update_generating_requests": generating, "update_waited_s": round(waited, 3),
                 "update_episodes_running": met.episodes_running, "update_interrupted_calls": met.generate_calls_out,
                 "weight_versions_seen": versions,
-                "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),
+                "reward_mean": sum(ep_rewards.values()) / max(len(ep_rewards), 1),  # per episode, whatever rollout.sample_mode
                 "max_abs_logprob_diff": diff, "logprob_tokens_checked": checked, **stats,
                 "seconds": round(time.monotonic() - t0, 2),
             }

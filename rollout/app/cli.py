@@ -43,6 +43,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for st, n in sorted(summary["status_counts"].items()):
         rows.append((f"  {st}", str(n)))
     rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
+    if summary.get("sample_mode", "trajectory") != "trajectory":
+        rows.append((f"samples ({summary['sample_mode']}), splits", f"{summary.get('samples', 0)}, {summary.get('sample_splits', 0)}"))
     for reason, n in sorted(summary.get("excluded_counts", {}).items()):
         rows.append((f"  excluded: {reason}", str(n)))
     if summary.get("undelivered"):
@@ -190,6 +192,7 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
         summary = writer.close({
             "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
             "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
+            "sample_mode": str(cfg.rollout.sample_mode),
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
             "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
         })

@@ -64,6 +64,14 @@ class PartialRollout(Choice):
     DROP = "drop"  # end the episode aborted
 
 
+class SampleMode(Choice):
+    """``rollout.sample_mode``: what training samples an episode becomes (:mod:`rollout.core.sample_modes`)."""
+
+    TRAJECTORY = "trajectory"  # one sample per episode: the whole append-only token sequence
+    PER_TURN = "per_turn"  # one sample per assistant turn: the turn's prompt and the tokens it sampled
+    MERGE_PREFIX = "merge_prefix"  # consecutive turns in one sample while each prompt extends it; a new sample where not
+
+
 class OnStale(Choice):
     """``rollout.on_stale``: an episode older than ``rollout.max_staleness`` at delivery."""
 

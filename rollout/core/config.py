@@ -40,6 +40,7 @@ from rollout.core.choices import (
     OnParseError,
     OnStale,
     PartialRollout,
+    SampleMode,
     UserKind,
 )
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
@@ -210,6 +211,8 @@ class RolloutConfig:
     # max_member_reruns times (rerun), or its whole group is dropped (drop).
     on_group_failure: OnGroupFailure = OnGroupFailure.RERUN
     max_member_reruns: int = 2
+    # What samples an episode becomes (docs/design.md "A sample mode"): trajectory | per_turn | merge_prefix.
+    sample_mode: SampleMode = SampleMode.TRAJECTORY
 
 
 @dataclass

@@ -1,11 +1,18 @@
-"""The sample-export seam: what training samples an episode becomes.
+"""The sample-export seam: what training samples an episode becomes (``rollout.sample_mode``).
 
-An :class:`SampleExporter` turns one finished episode (:class:`~rollout.core.records.InteractionResult`)
-into the training samples that reach the trainer and the files. Today there is one mode,
-``trajectory``: one sample per episode, the whole append-only token sequence (prompt plus every
-turn, mask 1 on sampled tokens). A new mode (e.g. one sample per assistant turn) is a class with
-an ``export`` method, added with :func:`register_exporter`; the pool calls :func:`get_exporter`
-once and ``export`` per delivered episode.
+An exporter turns one finished episode into the training samples that reach the trainer and the
+files, in two steps: :meth:`SampleExporter.export` of an
+:class:`~rollout.core.records.InteractionResult` gives the episode's samples, and
+:meth:`SampleExporter.split` of the episode's ``trajectory`` sample gives the same samples. The
+pool keeps one ``trajectory`` sample per episode (the ledger, the journal, the training policy
+and the groups work per episode, docs/design.md invariant 2) and calls ``split`` of the
+configured mode where samples are handed out (:mod:`rollout.core.pool.streams`), so a resumed run
+re-splits journaled episodes the same way.
+
+Modes (:mod:`rollout.core.sample_modes`): ``trajectory`` (one sample per episode, the whole
+append-only token sequence), ``per_turn`` (one per assistant turn), ``merge_prefix`` (turns merged
+while each prompt extends the sample). A new mode is a class with ``export`` and ``split``, added
+with :func:`register_exporter`.
 """
 
 from __future__ import annotations
@@ -13,36 +20,37 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from rollout.core.records import InteractionResult, TrainingSample
+from rollout.core.sample_modes import MergePrefixMode, PerTurnMode, TrajectoryMode
 
 
 class SampleExporter(Protocol):
     """Turns one finished episode into its training samples."""
 
     def export(self, result: InteractionResult) -> list[TrainingSample]:
-        """The episode's samples, in order; every one carries the episode's id in
-        ``metadata["episode_id"]``, its status and its reward.
+        """The episode's samples, in order (at least one); every one carries the episode's id
+        in ``metadata["episode_id"]``, its status and its reward.
 
         Raises:
             rollout.core.records.TrajectoryError: the episode's record is misaligned.
         """
         ...
 
+    def split(self, episode: TrainingSample) -> list[TrainingSample]:
+        """The same samples from the episode's ``trajectory`` sample (a journaled one too).
 
-class TrajectoryExporter:
-    """One sample per episode: :meth:`InteractionResult.to_sample` (the ``trajectory`` mode).
-
-    Args:
-        keep_messages: keep the conversation on the sample (``rollout.keep_messages``).
-    """
-
-    def __init__(self, keep_messages: bool = True) -> None:
-        self.keep_messages = keep_messages
-
-    def export(self, result: InteractionResult) -> list[TrainingSample]:
-        return [result.to_sample(self.keep_messages)]
+        Raises:
+            rollout.core.records.TrajectoryError: the sample is misaligned.
+        """
+        ...
 
 
-_EXPORTERS: dict[str, Callable[..., SampleExporter]] = {"trajectory": TrajectoryExporter}
+# One sample per episode: InteractionResult.to_sample (the ``trajectory`` mode); its ``split``
+# returns the sample itself. ``keep_messages``: keep the conversation (``rollout.keep_messages``).
+TrajectoryExporter = TrajectoryMode
+
+_EXPORTERS: dict[str, Callable[..., SampleExporter]] = {
+    "trajectory": TrajectoryExporter, "per_turn": PerTurnMode, "merge_prefix": MergePrefixMode,
+}
 
 
 def register_exporter(name: str, factory: Callable[..., SampleExporter]) -> None:
@@ -57,15 +65,15 @@ def register_exporter(name: str, factory: Callable[..., SampleExporter]) -> None
 
 
 def get_exporter(name: str = "trajectory", *, keep_messages: bool = True) -> SampleExporter:
-    """The exporter of sample mode ``name``.
+    """The exporter of sample mode ``name`` (``rollout.sample_mode``).
 
     Raises:
-        KeyError: no such mode (the message lists the registered ones).
+        KeyError: no such mode (the message names ``rollout.sample_mode`` and lists the registered ones).
     """
     try:
-        factory = _EXPORTERS[name]
+        factory = _EXPORTERS[str(name)]
     except KeyError:
-        raise KeyError(f"unknown sample mode {name!r}; registered: {sorted(_EXPORTERS)}") from None
+        raise KeyError(f"rollout.sample_mode: unknown sample mode {name!r}; registered: {sorted(_EXPORTERS)}") from None
     return factory(keep_messages=keep_messages)
 
 

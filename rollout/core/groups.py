@@ -304,3 +304,23 @@ def rerun_episode_id(episode_id: str, number: int) -> str:
     under its own)."""
     base = episode_id.split("~r", 1)[0]
     return f"{base}~r{number}"
+
+
+def episode_advantages(group: list[TrainingSample], eps: float = 1e-6) -> list[float]:
+    """GRPO's group-normalised advantage ``(r - mean) / (std + eps)`` of each sample of ``group``,
+    computed over the group's EPISODES (one reward each, population std), not over its samples:
+    with ``rollout.sample_mode=per_turn`` / ``merge_prefix`` an episode has several samples, all
+    with the episode's reward and the same advantage. Returns one float per sample, in order.
+
+    Raises:
+        ValueError: ``group`` is empty.
+    """
+    if not group:
+        raise ValueError("cannot compute advantages of an empty group")
+    rewards: dict[str, float] = {}
+    for s in group:
+        rewards.setdefault(s.episode_id, float(s.reward))
+    values = list(rewards.values())
+    mean = sum(values) / len(values)
+    std = (sum((r - mean) ** 2 for r in values) / len(values)) ** 0.5
+    return [(rewards[s.episode_id] - mean) / (std + eps) for s in group]

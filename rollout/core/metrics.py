@@ -59,6 +59,9 @@ class EpisodeMetrics:
             the episode ends.
         prompt_tokens / response_tokens / generated_tokens: the trajectory's first-prompt length,
             response length and tokens with mask 1; :data:`UNSET` without a trajectory.
+        sample_splits: with ``rollout.sample_mode=merge_prefix``, the times a turn's prompt did
+            not extend the sample being merged and a new sample began (samples - 1); set by the
+            driver's exporter, :data:`UNSET` in the other modes.
     """
 
     turns: int = 0
@@ -79,6 +82,7 @@ class EpisodeMetrics:
     prompt_tokens: int | _Unset = UNSET
     response_tokens: int | _Unset = UNSET
     generated_tokens: int | _Unset = UNSET
+    sample_splits: int | _Unset = UNSET
 
     def to_metadata(self) -> dict[str, Any]:
         """The metrics as ``metadata``'s keys, in field order, leaving out the :data:`UNSET` ones

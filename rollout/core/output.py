@@ -11,8 +11,11 @@ they are written from :meth:`rollout.core.pool.RolloutPool.stream`:
   ``rollout.max_staleness``, groups with equal rewards (``rollout.filter_groups``), groups dropped
   because a member failed; ``metadata.excluded_reason`` says which.
 
-Every episode is on exactly one line of one file. Lines are flushed as results arrive. A resumed
-run (:mod:`rollout.core.journal`) appends to the same files and skips what they already hold.
+Every episode is in exactly one file: on one line (its ``trajectory`` sample), or, in
+``samples.jsonl`` with ``rollout.sample_mode=per_turn`` / ``merge_prefix``, on consecutive lines
+(one per sample, written with one write). ``failed.jsonl`` and ``filtered.jsonl`` hold one line per
+episode in every mode. Lines are flushed as results arrive. A resumed run
+(:mod:`rollout.core.journal`) appends to the same files and skips the episodes they already hold.
 
 What the agent did is on the same line, under ``messages``: the conversation as OpenAI chat
 messages (the user's turns, the assistant's replies and tool calls, the tool results; see
@@ -35,6 +38,7 @@ from typing import Any
 from rollout.core.groups import Excluded
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, TrainingSample
+from rollout.core.sample_modes import episode_groups
 
 
 def error_kind(status: str, error: str | None) -> str:
@@ -50,7 +54,9 @@ class RunStats:
 
     Mean rewards are over trainable episodes only (status in ``train_statuses``): an
     infrastructure failure has no reward; it is counted in ``status_counts`` and ``errors``, never
-    averaged in as 0.
+    averaged in as 0. Counts are per episode; ``trained_samples``, ``samples``, ``tokens`` (prompt +
+    response of every sample: per_turn counts each turn's prompt again) and ``generated_tokens``
+    are over samples; ``sample_splits`` sums the episodes' merge_prefix splits.
 
     Args:
         train_statuses: ``rollout.train_statuses``.
@@ -66,6 +72,9 @@ class RunStats:
         self.reward_n: collections.Counter[str] = collections.Counter()
         self.episodes = 0
         self.trained = 0
+        self.trained_episodes = 0
+        self.samples = 0
+        self.sample_splits = 0
         self.turns = 0
         self.tokens = 0
         self.generated_tokens = 0
@@ -75,14 +84,22 @@ class RunStats:
         self.ended_by_turn_length = 0
 
     def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
-        """Count one delivered sample (``excluded_reason``: why it was kept out of training, None
-        when trained)."""
+        """Count one delivered episode of one sample (``excluded_reason``: why it was kept out of
+        training, None when trained)."""
+        self.add_episode([s], excluded_reason)
+
+    def add_episode(self, samples: list[TrainingSample], excluded_reason: str | None = None) -> None:
+        """Count one delivered episode given as its samples (one or more, same episode)."""
+        s = samples[0]
         m = EpisodeMetrics.from_metadata(s.metadata)
         domain = s.metadata.get("domain", "?")  # the spec's, added by InteractionResult.to_sample
         self.episodes += 1
+        self.samples += len(samples)
+        self.sample_splits += m.sample_splits or 0
         self.status_counts[s.status] += 1
         if excluded_reason is None:
-            self.trained += 1
+            self.trained += len(samples)
+            self.trained_episodes += 1
         else:
             self.excluded_counts[excluded_reason] += 1
         if s.status in self.train_statuses:
@@ -91,8 +108,8 @@ class RunStats:
         if m.error:
             self.errors[error_kind(s.status, m.error)] += 1
         self.turns += m.turns
-        self.tokens += len(s.tokens)
-        self.generated_tokens += int(sum(s.loss_mask))
+        self.tokens += sum(len(x.tokens) for x in samples)
+        self.generated_tokens += int(sum(sum(x.loss_mask) for x in samples))
         self.repairs += m.turn_boundary_repairs
         self.parse_errors += m.parse_errors
         self.length_cut_turns += m.length_finishes
@@ -104,6 +121,10 @@ class RunStats:
         return {
             "episodes": self.episodes,
             "trained_samples": self.trained,
+            "trained_episodes": self.trained_episodes,
+            "samples": self.samples,
+            "sample_splits": self.sample_splits,
+            "tokens": self.tokens,
             "status_counts": dict(self.status_counts),
             "excluded_counts": dict(self.excluded_counts),
             "mean_reward_per_domain": {d: self.reward_sum[d] / self.reward_n[d] for d in self.reward_n},
@@ -145,31 +166,34 @@ class RunWriter:
             for name in self.FILES:
                 path = self.dir / name
                 if path.is_file():
-                    for s in read_samples(path, tolerate_torn_tail=True):
+                    for run in episode_groups(read_samples(path, tolerate_torn_tail=True)):
+                        s = run[0]
                         if s.episode_id not in self.written:
                             self.written.add(s.episode_id)
-                            self.stats.add(s, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
+                            self.stats.add_episode(run, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
         self._files = {name: open(self.dir / name, "a" if resume else "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
 
-    def _write(self, name: str, s: TrainingSample, reason: str | None) -> None:
-        if s.episode_id in self.written:  # written by an earlier session of a resumed run
+    def _write(self, name: str, samples: list[TrainingSample], reason: str | None) -> None:
+        """Write one episode's samples (consecutive lines, one write) unless it was written."""
+        eid = samples[0].episode_id
+        if eid in self.written:  # written by an earlier session of a resumed run
             self.skipped += 1
             return
         f = self._files[name]
-        f.write(json.dumps(s.to_dict()) + "\n")
+        f.write("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
         f.flush()
-        self.written.add(s.episode_id)
-        self.stats.add(s, reason)
+        self.written.add(eid)
+        self.stats.add_episode(samples, reason)
 
     def add_group(self, group: list[TrainingSample]) -> None:
-        """Write a kept group's samples to ``samples.jsonl``."""
-        for s in group:
-            self._write("samples.jsonl", s, None)
+        """Write a kept group's samples to ``samples.jsonl`` (each episode's together)."""
+        for run in episode_groups(group):
+            self._write("samples.jsonl", run, None)
 
     def add_excluded(self, ex: Excluded) -> None:
-        """Write an excluded sample to ``failed.jsonl`` (its status is not trainable) or
+        """Write an excluded episode's sample to ``failed.jsonl`` (its status is not trainable) or
         ``filtered.jsonl`` (held back for another reason)."""
-        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", ex.sample, ex.reason)
+        self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", [ex.sample], ex.reason)
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Close the files and write ``summary.json``; returns the summary (``extra`` keys

@@ -58,8 +58,7 @@ class EpisodeStatus(str, enum.Enum):
 
     @property
     def is_infrastructure_failure(self) -> bool:
-        """True for failures that are not the policy's fault."""
-        return self in INFRA_STATUSES
+        return self in INFRA_STATUSES  # failures that are not the policy's fault
 
 
 INFRA_STATUSES = frozenset(
@@ -123,17 +122,12 @@ class Trajectory:
     The spans are disjoint, in order, and cover exactly the positions whose mask is 1, so every
     sampled token's weight version is known (slime's ``Sample.weight_versions``, made per token).
 
-    The record is append-only but for :meth:`discard_from`, which drops the tail of an unfinished
-    turn (``rollout.partial_rollout=restart_turn``) before anything else is appended.
+    Append-only but for :meth:`discard_from` (the tail of an unfinished turn, ``restart_turn``).
 
     While an episode runs, the actor keeps the four token sequences in compact form
-    (:meth:`compact`: ``array.array`` of int64 ids, int8 mask, float64 log-probs, the same values)
-    and turns them back into lists when the episode ends (:meth:`expand`): every record that
-    leaves the episode loop holds lists. Python's cyclic garbage collector walks every item of a
-    list on each full collection, and an actor holds hundreds of running trajectories of 10-30k
-    items each, so full collections stopped the event loop for hundreds of milliseconds
-    (docs/performance.md, "What made the difference"); an ``array.array`` holds no Python
-    objects: the collector visits its type and none of its items.
+    (:meth:`compact`: ``array.array``, which the garbage collector does not walk item by item;
+    full collections over hundreds of 10-30k-item lists stopped the event loop for hundreds of
+    milliseconds, docs/performance.md) and turns them back into lists when it ends (:meth:`expand`).
     """
 
     prompt_ids: list[int]
@@ -154,20 +148,15 @@ class Trajectory:
         """Prompt + response ids as a new 1-D ``int64`` numpy array of ``len(self)`` ids (from the
         compact form without making a Python int per id).
 
-        From the compact form it views a new concatenated array, never the live arrays: an
-        ``array.array`` cannot grow while a buffer of it is exported, and a view (a memoryview,
-        which the garbage collector tracks) that anything else got hold of, e.g. a
-        ``gc.get_objects()`` caller, made the next append raise ``BufferError`` (seen once in an
-        actor under ``python -m rollout.bench pool``; see tests/unit/test_records.py).
+        From the compact form it views a new concatenated array, never the live arrays: a view
+        of a live ``array.array`` that anything got hold of made its next append raise
+        ``BufferError`` (seen under ``python -m rollout.bench pool``; tests/unit/test_records.py).
         """
         if self.is_compact:
             return np.frombuffer(self.prompt_ids + self.response_ids, dtype=np.int64)
         return np.asarray(self.prompt_ids + self.response_ids, dtype=np.int64)
 
-    @property
-    def is_compact(self) -> bool:
-        """Whether the token sequences are in compact form (:meth:`compact`)."""
-        return isinstance(self.prompt_ids, array.array)
+    is_compact = property(lambda self: isinstance(self.prompt_ids, array.array), doc="Whether in compact form (:meth:`compact`).")
 
     def compact(self) -> Trajectory:
         """Hold ``prompt_ids``, ``response_ids``, ``loss_mask`` and ``rollout_log_probs`` as
@@ -197,9 +186,7 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
-    @property
-    def response_length(self) -> int:
-        return len(self.response_ids)
+    response_length = property(lambda self: len(self.response_ids), doc="Response tokens (after the first prompt).")
 
     def append_generated(self, ids: list[int], log_probs: list[float], weight_version: str | None = None) -> None:
         """Append the ids one ``/generate`` call sampled, with their log-probs (mask 1), and
@@ -249,6 +236,20 @@ class Trajectory:
                 f"misaligned trajectory: {n} ids, {len(self.loss_mask)} mask, {len(self.rollout_log_probs)} log-probs"
             )
         check_spans(self.generation_spans, self.weight_versions, self.loss_mask)
+
+
+def turn_calls(spans: list) -> list[list[int]]:
+    """The ``/generate`` calls of each assistant turn of an append-only record, as lists of call
+    indices: a call whose span starts where the previous one ended continues that turn (a weight
+    update interrupted it, or ``restart_turn`` discarded it); context (mask 0) always lies between
+    two turns (an end-of-turn repair, a tool result, a user turn), so a gap starts a new turn."""
+    turns: list[list[int]] = []
+    for j, (a, _b) in enumerate(spans):
+        if turns and a == spans[j - 1][1]:
+            turns[-1].append(j)
+        else:
+            turns.append([j])
+    return turns
 
 
 def check_spans(spans: list, versions: list, loss_mask: list[int]) -> None:
@@ -369,9 +370,15 @@ class TrainingSample:
         """The episode's id (``metadata["episode_id"]``)."""
         return str(self.metadata.get("episode_id", ""))
 
+    prompt_length = property(lambda self: len(self.tokens) - self.response_length, doc="Tokens before the response.")
+
     @property
-    def prompt_length(self) -> int:
-        return len(self.tokens) - self.response_length
+    def turn_indices(self) -> list[int]:
+        """The episode's assistant turns this sample holds (``metadata["turn_indices"]``, set by
+        the ``per_turn`` and ``merge_prefix`` modes; a ``trajectory`` sample holds every turn)."""
+        if "turn_indices" in self.metadata:
+            return list(self.metadata["turn_indices"])
+        return list(range(len(turn_calls(self.generation_spans))))
 
     def token_weight_versions(self) -> list[str | None]:
         """The weight version that sampled each response token (length ``response_length``;
@@ -398,9 +405,7 @@ class TrainingSample:
     def to_dict(self) -> dict[str, Any]:
         """The sample as a JSON-ready dict of new containers (``samples.jsonl``'s line).
 
-        Built field by field: ``dataclasses.asdict`` deep-copies every element of the token
-        lists one by one, which made it most of the driver's CPU (about 40 ms per 10k-token sample).
-        """
+        Built field by field: ``dataclasses.asdict`` deep-copies every token (40 ms per 10k tokens)."""
         return {
             "tokens": list(self.tokens), "response_length": self.response_length, "loss_mask": list(self.loss_mask),
             "rollout_log_probs": list(self.rollout_log_probs), "reward": self.reward, "status": self.status,
@@ -426,6 +431,8 @@ class Batch:
         rollout_log_probs: float32 ``[B, T]``, aligned with ``tokens`` (0 where mask is 0).
         rewards: float32 ``[B]``.
         statuses, group_ids: lists of length ``B``; sample_indices: int64 ``[B]``.
+        episode_ids: length ``B``: the episode of each row (several rows per episode with
+            ``rollout.sample_mode=per_turn`` / ``merge_prefix``: one advantage per episode).
     """
 
     tokens: np.ndarray
@@ -438,6 +445,7 @@ class Batch:
     sample_indices: np.ndarray
     statuses: list[str]
     group_ids: list[str]
+    episode_ids: list[str] = field(default_factory=list)
 
     @classmethod
     def from_samples(cls, samples: list[TrainingSample], pad_token_id: int = 0, train_statuses: Iterable[str] = DEFAULT_TRAIN_STATUSES) -> "Batch":
@@ -486,4 +494,5 @@ class Batch:
             sample_indices=np.array([s.sample_index for s in samples], dtype=np.int64),
             statuses=[s.status for s in samples],
             group_ids=[s.group_id for s in samples],
+            episode_ids=[s.episode_id for s in samples],
         )

@@ -5,9 +5,15 @@ a recording proxy placed in front of the router, then for each trajectory:
 
 * compares every request's ``input_ids`` and generated ids (as they crossed the wire) with the
   final ``tokens``: the count of token ids that differ from what was sampled must be 0;
-* recomputes the log-prob of every loss-masked token with the same model in one forward pass
-  over the final tokens (``log_softmax(logits / temperature)``) and takes the largest absolute
-  difference from ``rollout_log_probs``: it must not exceed ``--threshold`` (default 1e-3);
+* cuts each episode into the samples of ``rollout.sample_mode`` (``trajectory``: one;
+  ``per_turn``: one per assistant turn; ``merge_prefix``: turns merged while prompts extend) and
+  checks every sample against the wire too: its prompt is some request's ``input_ids``, every
+  request whose ``input_ids`` the sample starts with agrees with the sample's tokens where their
+  generated ids lie in it (masked 1 in the response), and every masked token was generated;
+* recomputes the log-prob of every loss-masked token of every SAMPLE with the same model in one
+  forward pass over that sample's own tokens (``log_softmax(logits / temperature)``) and takes
+  the largest absolute difference from ``rollout_log_probs``: it must not exceed ``--threshold``
+  (default 1e-3);
 * for contrast, measures the seed's re-tokenizing baseline: render the final messages with the
   chat template, tokenize, and count the tokens that differ from the sampled trajectory.
 
@@ -36,7 +42,8 @@ from aiohttp import web
 from rollout.app.preflight import check_config
 from rollout.core.config import Config, ConfigError, load_config
 from rollout.core.episode import parse_request_id
-from rollout.core.records import InteractionResult
+from rollout.core.export import get_exporter
+from rollout.core.records import InteractionResult, TrainingSample
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +107,7 @@ class EpisodeCheck:
     id_mismatches: int
     baseline_differing_tokens: int
     baseline_length_delta: int
+    samples: int = 1
 
 
 @dataclass
@@ -145,6 +153,23 @@ def id_mismatches(result: InteractionResult, calls: list[tuple[list[int], list[i
         sampled = {k for inp, out, _ in calls for k in range(len(inp), len(inp) + len(out))}
         bad += sum(1 for i, m in enumerate(traj.loss_mask) if m == 1 and (p + i) not in sampled)
     return bad
+
+
+def sample_id_mismatches(sample: TrainingSample, calls: list[tuple[list[int], list[int], list[float]]]) -> int:
+    """Token ids of one sample (any ``rollout.sample_mode``) that disagree with the wire: 1 when
+    its prompt is no request's ``input_ids``; for every request whose ``input_ids`` the sample's
+    tokens start with, each of its generated ids inside the sample that differs, or lies in the
+    response with mask 0; and each masked response token no such request generated."""
+    tokens, p = sample.tokens, sample.prompt_length
+    bad = 0 if any(inp == tokens[:p] for inp, _, _ in calls) else 1
+    sampled: set[int] = set()
+    for inp, out, _ in calls:
+        if len(inp) > len(tokens) or tokens[: len(inp)] != inp:
+            continue
+        for k in range(len(inp), min(len(inp) + len(out), len(tokens))):
+            bad += int(tokens[k] != out[k - len(inp)]) + int(k >= p and sample.loss_mask[k - p] != 1)
+            sampled.add(k)
+    return bad + sum(1 for i, m in enumerate(sample.loss_mask) if m == 1 and (p + i) not in sampled)
 
 
 def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict] | None, template_kwargs: dict,
@@ -267,23 +292,28 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
             stack.stop()
     kwargs = {} if cfg.policy.enable_thinking is None else {"enable_thinking": cfg.policy.enable_thinking}
     report = ExactnessReport()
+    exporter = get_exporter(cfg.rollout.sample_mode, keep_messages=False)
     t0 = time.monotonic()
     for res in results:
-        traj = res.trajectory
-        if traj is None:
+        if res.trajectory is None:
             logger.warning("episode %s produced no trajectory (%s): %s", res.spec.episode_id, res.status.value, res.metadata.get("error"))
             continue
-        p = len(traj.prompt_ids)
-        masked = [i for i, m in enumerate(traj.loss_mask) if m == 1]
-        recomputed = recompute_masked_log_probs(model, traj.tokens, [p + i for i in masked], cfg.policy.sampling.temperature) if masked else []
-        diff = max((abs(a - traj.rollout_log_probs[i]) for a, i in zip(recomputed, masked)), default=0.0)
+        calls = proxy.calls.get(res.spec.episode_id, [])
+        masked_n, diff, bad = 0, 0.0, id_mismatches(res, calls)
+        samples = exporter.export(res)
+        for smp in samples:  # one forward pass over each sample's own tokens
+            p = smp.prompt_length
+            masked = [i for i, m in enumerate(smp.loss_mask) if m == 1]
+            recomputed = recompute_masked_log_probs(model, smp.tokens, [p + i for i in masked], cfg.policy.sampling.temperature) if masked else []
+            diff = max([diff] + [abs(a - smp.rollout_log_probs[i]) for a, i in zip(recomputed, masked)])
+            masked_n += len(masked)
+            bad += sample_id_mismatches(smp, calls)
         base_diff, base_len = retokenized_baseline(res, tokenizer, worker.domain.tool_schemas, kwargs, worker.chat)
-        report.episodes.append(
-            EpisodeCheck(res.spec.episode_id, int(res.metadata.get("turns", 0)), len(masked), diff,
-                         id_mismatches(res, proxy.calls.get(res.spec.episode_id, [])), base_diff, base_len)
-        )
+        report.episodes.append(EpisodeCheck(res.spec.episode_id, int(res.metadata.get("turns", 0)), masked_n, diff, bad, base_diff, base_len,
+                                            samples=len(samples)))
     info["recompute_s"] = time.monotonic() - t0
     info["statuses"] = dict(collections.Counter(r.status.value for r in results))
+    info["sample_mode"] = str(cfg.rollout.sample_mode)
     return report, results, info
 
 
@@ -293,6 +323,7 @@ def format_report(report: ExactnessReport, threshold: float) -> str:
     base_eps = sum(1 for e in eps if e.baseline_differing_tokens)
     lines = [
         f"episodes checked                     {len(eps)} (turns per episode: min {min(turns, default=0)}, max {max(turns, default=0)})",
+        f"samples checked                      {sum(e.samples for e in eps)}",
         f"loss-masked tokens                   {report.masked_tokens}",
         f"max |rollout - recomputed| log-prob  {report.max_abs_logprob_diff:.3e} (threshold {threshold:.0e})",
         f"token ids differing from sampled     {report.id_mismatches}",
@@ -335,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.core.logs import setup_logging
 
     setup_logging(cfg.logging)
-    print(f"exactness check: {args.episodes} episodes of {cfg.env.domain}, backend {cfg.local.backend if cfg.local.enabled else cfg.policy.router_url}, "
+    print(f"exactness check: {args.episodes} episodes of {cfg.env.domain}, sample mode {cfg.rollout.sample_mode}, backend {cfg.local.backend if cfg.local.enabled else cfg.policy.router_url}, "
           f"user {cfg.env.user.kind}, max_steps {cfg.env.max_steps}, max_new_tokens {cfg.policy.sampling.max_new_tokens}, "
           f"temperature {cfg.policy.sampling.temperature}")
     try:

@@ -246,8 +246,10 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             yield x
 
     def groups(self, timeout_s: float | None = None) -> Iterator[list[TrainingSample]]:
-        """Yield each complete, trainable group (all samples of one task in one submission,
-        sorted by ``sample_index``) as soon as it is complete.
+        """Yield each complete, trainable group (all episodes of one task in one submission,
+        sorted by ``sample_index``) as soon as it is complete: every sample of its episodes
+        (``rollout.sample_mode``: one per episode, or several, each episode's together; a GRPO
+        trainer computes one advantage per episode, :func:`rollout.core.groups.episode_advantages`).
 
         A member that may not be trained is re-run or its group dropped
         (``rollout.on_group_failure``), groups with equal rewards are dropped with

@@ -12,6 +12,11 @@ one buffer that every group stream and ``collect_groups`` read first; exclusions
 
 One :class:`~rollout.core.groups.TrainingPolicy` applies on every path (docs/design.md
 invariant 4): what may not be trained goes to the exclusions.
+
+Everything here works per episode, on each episode's ``trajectory`` sample; the samples of
+``rollout.sample_mode`` (:mod:`rollout.core.export`) are made where they are handed out: the
+sample stream yields each of an episode's samples, a group is every sample of its episodes (in
+``sample_index`` order, each episode's in turn order), and an exclusion stays one episode sample.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from typing import Callable, Iterator
 
 from rollout.core.config import Config
+from rollout.core.export import get_exporter
 from rollout.core.groups import Excluded, GroupAssembler, Rerun, TrainingPolicy
 from rollout.core.pool.ledger import Delivery
 from rollout.core.records import EpisodeSpec, InteractionResult, TrainingSample
@@ -75,6 +81,7 @@ class TrainingStreams:
         self.policy = TrainingPolicy.from_config(r)
         self._assembler = GroupAssembler(self.policy, r.on_group_failure, r.max_member_reruns, r.filter_groups)
         self._feed = feed
+        self._split = get_exporter(r.sample_mode, keep_messages=r.keep_messages).split  # episode sample -> the mode's samples
         self._results: collections.deque[Delivery] = collections.deque()  # delivered, not handed out as results
         self._samples: collections.deque[TrainingSample] = collections.deque()  # trainable, not handed out
         self._groups: collections.deque[list[TrainingSample]] = collections.deque()  # taken from the assembler, not handed out
@@ -165,13 +172,14 @@ class TrainingStreams:
             self._assembler.forget_member(s.group_id)
             reason = self.policy.exclusion(s, self._feed.weight_version())
             if reason is None:
-                self._samples.append(s)
+                self._samples.extend(self._split(s))
             else:
                 self._assembler.exclude(s, reason)
         return True
 
     def take_sample(self) -> TrainingSample | None:
-        """The oldest trainable sample not handed out (``None``: none waits)."""
+        """The oldest trainable sample not handed out (``None``: none waits); with
+        ``rollout.sample_mode`` per_turn / merge_prefix an episode gives several, in order."""
         return self._samples.popleft() if self._samples else None
 
     # -- groups and exclusions ---------------------------------------------------------------
@@ -194,8 +202,13 @@ class TrainingStreams:
         """The oldest complete group not handed out, else (with ``excluded``) the oldest
         exclusion; ``None`` when none waits."""
         if self._groups:
-            return self._groups.popleft()
+            return self.mode_samples(self._groups.popleft())
         return self._assembler.take_excluded() if excluded else None
+
+    def mode_samples(self, group: list[TrainingSample]) -> list[TrainingSample]:
+        """Every sample of ``rollout.sample_mode`` of the episodes of ``group`` (episode samples),
+        in order."""
+        return [x for s in group for x in self._split(s)]
 
     def take_excluded(self) -> Excluded | None:
         """The oldest exclusion not taken yet, or ``None``."""
@@ -279,7 +292,7 @@ class TrainingStreams:
 
     def take_groups(self, n: int) -> list[list[TrainingSample]]:
         """Up to ``n`` of the groups waiting, oldest first."""
-        return [self._groups.popleft() for _ in range(min(n, len(self._groups)))]
+        return [self.mode_samples(self._groups.popleft()) for _ in range(min(n, len(self._groups)))]
 
     def _note_filtered(self, kept: bool, wanted: int = 0) -> None:
         """Count complete groups filtered in a row (none kept) and warn every

@@ -1,0 +1,225 @@
+"""The sample modes of ``rollout.sample_mode``: what training samples one episode becomes.
+
+Every mode starts from the episode's *episode sample*: the ``trajectory`` sample
+(:meth:`~rollout.core.records.InteractionResult.to_sample`, the whole append-only token sequence),
+which is what the pool keeps per episode (the exactly-once ledger, the journal, the training policy
+and the groups all work on it). A mode splits it into the samples the trainer gets:
+
+* ``trajectory``: the episode sample itself (one per episode).
+* ``per_turn``: one sample per assistant turn. Its prompt (``tokens[:prompt_length]``) is exactly
+  the ``input_ids`` of the turn's first ``/generate`` call; its response is exactly the tokens the
+  turn sampled, all mask 1 with their rollout log-probs, and its ``weight_versions`` /
+  ``generation_spans`` are those of the turn's calls (several when a weight update interrupted the
+  turn and it was continued; a call whose tokens ``restart_turn`` discarded keeps its empty span).
+  The response ends at the turn's last sampled token: the context the loop appends after it (the
+  end-of-turn repair, mask 0, then the tool result or user turn) opens the NEXT turn's prompt. A
+  turn that sampled no token gives no sample.
+* ``merge_prefix``: consecutive turns in one sample as long as each turn's prompt extends the
+  sample's tokens (prompt + response so far): the extension joins the response as context (mask
+  0), then the turn's sampled tokens; a turn whose prompt does not extend it starts a new sample
+  (counted in ``metadata["sample_splits"]``). After the last turn, the rest of the episode's tokens
+  are appended as context where they extend the last sample. With the append-only history every
+  prompt extends the previous one, so this is one sample per episode equal to the ``trajectory``
+  sample, token for token.
+
+An episode none of whose turns sampled a token (it failed before, or its context was full at
+once) gives its episode sample in every mode, so every episode has at least one sample. Every
+sample carries the episode's ``reward``, ``status``, group, ``metadata`` (with ``episode_id``) and,
+in ``per_turn`` / ``merge_prefix``, ``metadata["turn_indices"]``: the assistant turns it holds
+(indices in the episode's order, from 0; :attr:`TrainingSample.turn_indices`).
+
+The turns come from :func:`turn_records`: for today's append-only history they are cut out of the
+episode sample (:func:`rollout.core.records.turn_calls`). A history whose prompts do not extend
+each other (a re-rendered one, or a compacted context) gives :class:`TurnRecord` s with their own
+``prompt_ids``, and the same two splitters apply.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from rollout.core.records import InteractionResult, TrainingSample, TrajectoryError, turn_calls
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn: the prompt the policy was given and what it sampled.
+
+    Attributes:
+        index: the turn's index in the episode (0-based, every turn that made a ``/generate`` call).
+        prompt_ids: the ``input_ids`` of the turn's first ``/generate`` call.
+        response_ids: the tokens the turn sampled, in order (all mask 1).
+        rollout_log_probs: their log-probs (same length as ``response_ids``).
+        weight_versions: one per ``/generate`` call of the turn.
+        generation_spans: ``(start, end)`` per call, indices into ``response_ids``.
+    """
+
+    index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[str | None] = field(default_factory=list)
+    generation_spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def turn_records(episode: TrainingSample) -> list[TurnRecord]:
+    """The assistant turns of an append-only episode sample, in order (empty without a call).
+
+    Raises:
+        rollout.core.records.TrajectoryError: a turn's span covers tokens with mask 0 (the record
+            is not one append-only trajectory).
+    """
+    p = episode.prompt_length
+    out: list[TurnRecord] = []
+    for i, calls in enumerate(turn_calls(episode.generation_spans)):
+        start, end = episode.generation_spans[calls[0]][0], episode.generation_spans[calls[-1]][1]
+        if any(m != 1 for m in episode.loss_mask[start:end]):
+            raise TrajectoryError(f"episode {episode.episode_id}: turn {i} spans response tokens with mask 0")
+        out.append(TurnRecord(
+            index=i, prompt_ids=episode.tokens[: p + start], response_ids=episode.tokens[p + start : p + end],
+            rollout_log_probs=episode.rollout_log_probs[start:end],
+            weight_versions=[episode.weight_versions[j] for j in calls],
+            generation_spans=[(episode.generation_spans[j][0] - start, episode.generation_spans[j][1] - start) for j in calls],
+        ))
+    return out
+
+
+class _Builder:
+    """One sample being built: prompt, then response ids / mask / log-probs / calls, aligned."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.prompt = list(prompt_ids)
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.logp: list[float] = []
+        self.versions: list[str | None] = []
+        self.spans: list[list[int]] = []
+        self.turns: list[int] = []
+
+    def tokens_len(self) -> int:
+        return len(self.prompt) + len(self.ids)
+
+    def extends(self, ids: list[int]) -> bool:
+        """Whether ``ids`` starts with this sample's tokens."""
+        n = len(self.prompt)
+        return len(ids) >= self.tokens_len() and ids[:n] == self.prompt and ids[n : self.tokens_len()] == self.ids
+
+    def add_context(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logp += [0.0] * len(ids)
+
+    def add_turn(self, t: TurnRecord) -> None:
+        off = len(self.ids)
+        self.ids += t.response_ids
+        self.mask += [1] * len(t.response_ids)
+        self.logp += [float(x) for x in t.rollout_log_probs]
+        self.versions += t.weight_versions
+        self.spans += [[a + off, b + off] for a, b in t.generation_spans]
+        self.turns.append(t.index)
+
+    def sample(self, episode: TrainingSample, splits: int | None) -> TrainingSample:
+        meta = dict(episode.metadata)
+        meta["turn_indices"] = list(self.turns)
+        if splits is not None:
+            meta["sample_splits"] = splits
+        return TrainingSample(
+            tokens=self.prompt + self.ids, response_length=len(self.ids), loss_mask=self.mask, rollout_log_probs=self.logp,
+            reward=episode.reward, status=episode.status, group_id=episode.group_id, sample_index=episode.sample_index,
+            metadata=meta, weight_versions=self.versions, generation_spans=self.spans, messages=episode.messages,
+        )
+
+
+def per_turn_samples(episode: TrainingSample, turns: list[TurnRecord]) -> list[TrainingSample]:
+    """One sample per turn that sampled a token (see the module docstring); the episode sample
+    alone when none did."""
+    out = []
+    for t in turns:
+        if not t.response_ids:
+            continue
+        b = _Builder(t.prompt_ids)
+        b.add_turn(t)
+        out.append(b.sample(episode, None))
+    return out or [episode]
+
+
+def merge_prefix_samples(episode: TrainingSample, turns: list[TurnRecord]) -> list[TrainingSample]:
+    """Consecutive turns merged while each prompt extends the sample (see the module docstring);
+    every sample's ``metadata["sample_splits"]`` is the episode's number of splits."""
+    if not any(t.response_ids for t in turns):
+        return [episode]
+    builders: list[_Builder] = []
+    for t in turns:
+        cur = builders[-1] if builders else None
+        if cur is not None and cur.extends(t.prompt_ids):
+            cur.add_context(t.prompt_ids[cur.tokens_len():])
+        else:
+            cur = _Builder(t.prompt_ids)
+            builders.append(cur)
+        cur.add_turn(t)
+    last = builders[-1]
+    if last.extends(episode.tokens):
+        last.add_context(episode.tokens[last.tokens_len():])
+    splits = len(builders) - 1
+    if splits:
+        logger.debug("episode %s: %d sample split(s) (merge_prefix)", episode.episode_id, splits)
+    return [b.sample(episode, splits) for b in builders]
+
+
+class TrajectoryMode:
+    """``trajectory``: the episode sample, unchanged (one per episode)."""
+
+    name = "trajectory"
+
+    def __init__(self, keep_messages: bool = True) -> None:
+        self.keep_messages = keep_messages
+
+    def split(self, episode: TrainingSample) -> list[TrainingSample]:
+        """``[episode]`` (the same object)."""
+        return [episode]
+
+    def export(self, result: InteractionResult) -> list[TrainingSample]:
+        return self.split(result.to_sample(self.keep_messages))
+
+
+class PerTurnMode(TrajectoryMode):
+    """``per_turn``: :func:`per_turn_samples` of the append-only turns."""
+
+    name = "per_turn"
+
+    def split(self, episode: TrainingSample) -> list[TrainingSample]:
+        """The episode's per-turn samples.
+
+        Raises:
+            rollout.core.records.TrajectoryError: the episode sample is misaligned.
+        """
+        return per_turn_samples(episode, turn_records(episode))
+
+
+class MergePrefixMode(TrajectoryMode):
+    """``merge_prefix``: :func:`merge_prefix_samples` of the append-only turns."""
+
+    name = "merge_prefix"
+
+    def split(self, episode: TrainingSample) -> list[TrainingSample]:
+        """The episode's merged samples.
+
+        Raises:
+            rollout.core.records.TrajectoryError: the episode sample is misaligned.
+        """
+        return merge_prefix_samples(episode, turn_records(episode))
+
+
+def episode_groups(samples: list[TrainingSample]) -> list[list[TrainingSample]]:
+    """``samples`` cut into runs of consecutive samples of one episode (the order kept): how a
+    mode's samples are handed out, each episode's together."""
+    out: list[list[TrainingSample]] = []
+    for s in samples:
+        if out and out[-1][0].episode_id == s.episode_id:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
