@@ -134,3 +134,23 @@ async def test_a_stop_string_split_by_the_interruption_ends_the_turn(tokenizer):
     assert traj.generation_spans == [(0, len(a)), (len(a), len(a) + kept)]
     assert res.metadata["discarded_tokens"] == len(b) - kept
     assert res.messages[2]["content"] == "I will close the ticket now. STOP!"
+
+
+async def test_per_turn_samples_of_a_real_episode_with_a_continued_turn(tokenizer):
+    """per_turn on a real episode (tau2 retail, the scripted user): the continued turn is one
+    sample whose prompt is its first request's input_ids and whose response is both calls'
+    tokens, with each call's log-probs and weight version; merge_prefix equals the trajectory."""
+    from rollout.core.export import get_exporter
+
+    res, server = await _episode(tokenizer, [PARTIAL, REST], "continue")
+    assert res.status is EpisodeStatus.COMPLETED
+    (turn,) = get_exporter("per_turn").export(res)
+    first, second = server.requests
+    a, b = server.ids(0), server.ids(1)
+    assert turn.tokens[: turn.prompt_length] == first["input_ids"] and second["input_ids"] == first["input_ids"] + a
+    assert turn.tokens[turn.prompt_length:] == a + b and turn.loss_mask == [1] * len(a + b)
+    assert turn.rollout_log_probs == server.log_probs(0, len(a)) + server.log_probs(1, len(b))
+    assert turn.weight_versions == ["0", "1"] and turn.generation_spans == [[0, len(a)], [len(a), len(a) + len(b)]]
+    assert turn.turn_indices == [0] and turn.episode_id == "ep"
+    (merged,) = get_exporter("merge_prefix").export(res)
+    assert merged.tokens == res.to_sample().tokens and merged.loss_mask == res.to_sample().loss_mask

@@ -1,0 +1,68 @@
+"""``rollout.sample_mode`` through the CLI (the main job on the local stack with gold replay), and
+``rollout eval`` in per_turn mode (pass^k stays per episode). The same seeds in every mode: the
+same turns are sampled, so the loss-masked tokens summed over all samples are equal."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = "env.task_ids=[0,1,2]"
+
+
+def _run(out: Path, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "rollout", command, "--config", "configs/local.yaml", "--no-progress", *overrides,
+                           f"rollout.output_dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_main_job_in_each_sample_mode(tmp_path):
+    masked, samples = {}, {}
+    for mode in ("trajectory", "per_turn", "merge_prefix"):
+        out = tmp_path / mode
+        _run(out, TASKS, "pool.num_actors=1", f"rollout.sample_mode={mode}")
+        lines = _lines(out / "samples.jsonl")
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["sample_mode"] == mode and summary["episodes"] == 6 and summary["samples"] == len(lines)
+        assert all(x["reward"] == 1.0 and x["status"] == "completed" for x in lines)
+        masked[mode] = sum(sum(x["loss_mask"]) for x in lines)
+        assert summary["generated_tokens"] == masked[mode]
+        samples[mode] = lines
+    assert masked["trajectory"] == masked["per_turn"] == masked["merge_prefix"] > 0
+    turns = sum(x["metadata"]["turns"] for x in samples["trajectory"])
+    assert len(samples["per_turn"]) == turns
+    per_episode = collections.Counter(x["metadata"]["episode_id"] for x in samples["per_turn"])
+    assert all(per_episode[x["metadata"]["episode_id"]] == x["metadata"]["turns"] for x in samples["trajectory"])
+    assert all(x["metadata"]["turn_indices"] == [i] for i, x in enumerate(samples["per_turn"][:per_episode[samples["per_turn"][0]["metadata"]["episode_id"]]]))
+    # merge_prefix with the append-only history: one sample per episode, the trajectory's tokens
+    traj = {x["metadata"]["episode_id"]: x for x in samples["trajectory"]}
+    assert len(samples["merge_prefix"]) == len(traj)
+    for x in samples["merge_prefix"]:
+        t = traj[x["metadata"]["episode_id"]]
+        assert (x["tokens"], x["loss_mask"], x["rollout_log_probs"]) == (t["tokens"], t["loss_mask"], t["rollout_log_probs"])
+        assert x["metadata"]["sample_splits"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_eval_counts_episodes_not_samples_in_per_turn_mode(tmp_path):
+    _run(tmp_path / "eval", TASKS, "pool.num_actors=1", "rollout.sample_mode=per_turn", command="eval")
+    summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    d = summary["domains"]["retail"]
+    assert summary["episodes"] == 6 and d["tasks"] == 3 and d["trials"] == 6 and d["pass_hat_k"]["2"] == 1.0
