@@ -85,3 +85,26 @@ def test_every_update_but_the_last_interrupts_the_next_steps_generation(tmp_path
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["exactly_once"] and summary["idle_updates"] == []
     assert "idle checked updates: none" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_grpo_example_trains_on_per_turn_samples(tmp_path):
+    """rollout.sample_mode=per_turn: every sample of a group's episodes is trained with its
+    episode's advantage; the log-probs of every per-turn sample (its own tokens, the weights that
+    sampled each token) match, and every episode is delivered once."""
+    pytest.importorskip("torch")
+    out = tmp_path / "grpo"
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config", "configs/local.yaml", "local.backend=tiny", "--steps", "2", "--groups-per-step", "1",
+         "env.task_ids=[10,25]", "rollout.n_samples_per_task=2", "policy.sampling.max_new_tokens=64", "pool.num_actors=1",
+         "pool.ray_address=local", "rollout.sample_mode=per_turn", f"rollout.output_dir={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in log] == [0, 1]
+    assert all(line["max_abs_logprob_diff"] <= 1e-3 for line in log), log
+    assert json.loads((out / "train_summary.json").read_text())["exactly_once"]

@@ -184,3 +184,19 @@ def test_slime_converts_per_turn_samples():
         f = slime_fields(s)
         assert f["tokens"] == s.tokens and f["response_length"] == s.response_length
         assert f["loss_mask"] == s.loss_mask and f["rollout_log_probs"] == s.rollout_log_probs and f["reward"] == 1.0
+
+
+def test_the_exactness_check_finds_a_sample_that_disagrees_with_the_wire():
+    from rollout.devtools.check import sample_id_mismatches
+
+    res, inputs = record()
+    t = res.trajectory
+    calls = [(inp, t.response_ids[a:b], t.rollout_log_probs[a:b]) for inp, (a, b) in zip(inputs, t.generation_spans)]
+    samples = get_exporter("per_turn").export(res) + get_exporter("merge_prefix").export(res)
+    assert [sample_id_mismatches(s, calls) for s in samples] == [0] * len(samples)
+    bad = samples[1]
+    bad.tokens[-1] += 1  # a response token the call did not generate
+    assert sample_id_mismatches(bad, calls) >= 1
+    shifted = samples[2]
+    shifted.tokens.insert(0, 7)  # a prompt no request sent
+    assert sample_id_mismatches(shifted, calls) >= 1
