@@ -32,14 +32,17 @@ def _lines(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_main_job_in_each_sample_mode(tmp_path):
+@pytest.mark.parametrize("tasks", [pytest.param(TASKS, id="3-tasks"),
+                                   pytest.param("env.task_ids=null", id="all-retail", marks=pytest.mark.extended)])
+def test_the_main_job_in_each_sample_mode(tmp_path, tasks):
     masked, samples = {}, {}
     for mode in ("trajectory", "per_turn", "merge_prefix"):
         out = tmp_path / mode
-        _run(out, TASKS, "pool.num_actors=1", f"rollout.sample_mode={mode}")
+        _run(out, tasks, f"rollout.sample_mode={mode}", *(["pool.num_actors=1"] if tasks == TASKS else []))
         lines = _lines(out / "samples.jsonl")
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["sample_mode"] == mode and summary["episodes"] == 6 and summary["samples"] == len(lines)
+        assert summary["sample_mode"] == mode and summary["samples"] == len(lines)
+        assert summary["episodes"] == (6 if tasks == TASKS else 228)
         assert all(x["reward"] == 1.0 and x["status"] == "completed" for x in lines)
         masked[mode] = sum(sum(x["loss_mask"]) for x in lines)
         assert summary["generated_tokens"] == masked[mode]
