@@ -27,7 +27,7 @@ from rollout.core.config import EnvConfig, LoggingConfig, PolicyConfig
 from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
 from rollout.core.episode import EpisodeSettings, run_episode
 from rollout.core.eventloop import loop_kind
-from rollout.core.formats import AUTO, TemplateError, get_chat_format, resolve_chat_format
+from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
 from rollout.core.logs import setup_logging
 from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
@@ -155,20 +155,15 @@ class LoopLagProbe:
 
 
 def chat_format_for(policy_cfg: PolicyConfig, tokenizer: Any) -> str:
-    """The chat format ``policy.chat_format`` names for ``tokenizer``: the family itself, or for
-    ``auto`` the one detected from the tokenizer, logged at INFO.
+    """The chat format ``policy.chat_format`` names for ``tokenizer`` (``auto``: detected, and
+    logged): :func:`rollout.core.formats.choose_chat_format`.
 
     Raises:
         TemplateError: ``auto`` recognises no family, or the name is not registered (the message
             names ``policy.chat_format`` and the registered families).
     """
-    try:
-        name = resolve_chat_format(policy_cfg.chat_format, tokenizer)
-    except KeyError as e:
-        raise TemplateError(str(e.args[0]) if e.args else str(e)) from None
-    if policy_cfg.chat_format == AUTO:
-        logger.info("policy.chat_format=auto: chat format %s for tokenizer %s", name, policy_cfg.tokenizer)
-    return name
+    return choose_chat_format(policy_cfg.chat_format, tokenizer, policy_cfg.tokenizer)
+
 
 class RolloutWorker:
     """Runs episodes of one benchmark's domain (``env.benchmark``, ``env.domain``) against one router.

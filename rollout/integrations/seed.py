@@ -59,7 +59,7 @@ from rollout.core import records
 from rollout.core.config import PolicyConfig
 from rollout.core.environment import Environment
 from rollout.core.episode import EpisodeSettings, run_episode
-from rollout.core.formats import ChatFormat, TemplateError, get_chat_format, resolve_chat_format
+from rollout.core.formats import ChatFormat, TemplateError, choose_chat_format, get_chat_format
 from rollout.core.records import EpisodeSpec, EpisodeStatus
 from rollout.core.tokenizer import load_tokenizer
 from rollout.integrations.seed_args import PassthroughClient, policy_config, rollout_arg, router_url
@@ -89,10 +89,7 @@ def _chat_for(tokenizer: Any, tools: list[dict], template_kwargs: dict[str, Any]
         TemplateError: no such format, ``auto`` recognises none, or the format cannot give exact
             delta tokenization.
     """
-    try:
-        name = resolve_chat_format(chat_format, tokenizer)
-    except KeyError as e:
-        raise TemplateError(str(e.args[0]) if e.args else str(e)) from None
+    name = choose_chat_format(chat_format, tokenizer)
     key = (id(tokenizer), name, json.dumps(tools, sort_keys=True, default=str), json.dumps(template_kwargs, sort_keys=True, default=str))
     with _CHAT_LOCK:
         hit = _CHATS.get(key)

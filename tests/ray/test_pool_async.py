@@ -70,8 +70,12 @@ async def test_async_streams_deliver_each_episode_once_and_a_cancelled_step_lose
 async def test_collect_groups_async_cancelled_hands_its_groups_to_the_next_call(ray_cluster, retail_stack, retail):
     """collect_groups_async(3) is cancelled once it has gathered a group; the next call returns 3
     groups, the gathered one(s) among them: every group handed over is returned, every episode
-    delivered once (kept, or excluded as the cancelled surplus)."""
-    pool = await _start(_cfg(retail_stack.router_url))
+    delivered once (kept, or excluded as the cancelled surplus).
+
+    One actor runs one episode at a time, so once the first group is kept the first call still
+    has four episodes to run one after another: the cancellation lands while it collects (with
+    eight episodes at once, the three groups could all finish while the poll waited for a slice)."""
+    pool = await _start(_cfg(retail_stack.router_url, "pool.num_actors=1", "pool.max_concurrent_episodes=1"))
     try:
         source = iter(retail.task_ids("base")[:8])
         first = asyncio.create_task(pool.collect_groups_async(3, source, abort_surplus=False, max_outstanding_groups=4, timeout_s=120))
@@ -79,6 +83,7 @@ async def test_collect_groups_async_cancelled_hands_its_groups_to_the_next_call(
         while (await _stats(pool))["groups_kept"] < 1:
             assert time.monotonic() < deadline and not first.done()
             await asyncio.sleep(0.05)
+        assert not first.done()
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first

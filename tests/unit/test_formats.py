@@ -133,7 +133,7 @@ def test_auto_picks_hermes_for_qwen3_and_says_so(tokenizer, caplog):
 
     assert detect_chat_format(tokenizer) == "hermes"
     assert resolve_chat_format("auto", tokenizer) == "hermes" and resolve_chat_format("hermes", tokenizer) == "hermes"
-    with caplog.at_level(logging.INFO, logger="rollout.core.worker"):
+    with caplog.at_level(logging.INFO, logger="rollout.core.formats.registry"):
         assert chat_format_for(PolicyConfig(), tokenizer) == "hermes"
     assert "policy.chat_format=auto: chat format hermes" in caplog.text
 

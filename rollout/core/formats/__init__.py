@@ -13,20 +13,21 @@ tokenizer's own chat template), :mod:`~rollout.core.formats.probe` (its start-up
 from rollout.core.formats.hermes import MAX_CALL_CHARS, parse_turn
 from rollout.core.formats.protocol import ChatFormat, ParsedTurn, ParseError, TemplateError, TemplateReport, ToolCall, TurnParser
 from rollout.core.formats.registry import (
-                                           AUTO,
-                                           DEFAULT_CHAT_FORMAT,
-                                           ChatFormatFactory,
-                                           FormatInfo,
-                                           chat_formats,
-                                           detect_chat_format,
-                                           format_info,
-                                           format_infos,
-                                           get_chat_format,
-                                           register_chat_format,
-                                           resolve_chat_format,
+    AUTO,
+    DEFAULT_CHAT_FORMAT,
+    ChatFormatFactory,
+    FormatInfo,
+    chat_formats,
+    choose_chat_format,
+    detect_chat_format,
+    format_info,
+    format_infos,
+    get_chat_format,
+    register_chat_format,
+    resolve_chat_format,
 )
 from rollout.core.formats.template import ChatTemplate
 
 __all__ = ["AUTO", "DEFAULT_CHAT_FORMAT", "MAX_CALL_CHARS", "ChatFormat", "ChatFormatFactory", "ChatTemplate", "FormatInfo", "ParseError",
-           "ParsedTurn", "TemplateError", "TemplateReport", "ToolCall", "TurnParser", "chat_formats", "detect_chat_format", "format_info",
-           "format_infos", "get_chat_format", "parse_turn", "register_chat_format", "resolve_chat_format"]
+           "ParsedTurn", "TemplateError", "TemplateReport", "ToolCall", "TurnParser", "chat_formats", "choose_chat_format",
+           "detect_chat_format", "format_info", "format_infos", "get_chat_format", "parse_turn", "register_chat_format", "resolve_chat_format"]

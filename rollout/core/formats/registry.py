@@ -32,7 +32,7 @@ from rollout.core.formats.hermes import parse_turn
 from rollout.core.formats.protocol import ChatFormat, TemplateError
 from rollout.core.formats.template import ChatTemplate
 
-__all__ = ["AUTO", "DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "FormatInfo", "chat_formats", "detect_chat_format",
+__all__ = ["AUTO", "DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "FormatInfo", "chat_formats", "choose_chat_format", "detect_chat_format",
            "format_info", "format_infos", "get_chat_format", "hermes_format", "register_chat_format", "resolve_chat_format"]
 
 logger = logging.getLogger(__name__)
@@ -239,4 +239,26 @@ def resolve_chat_format(name: str, tokenizer: Any) -> str:
             f"policy.chat_format=auto: no registered chat format recognises the tokenizer "
             f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r}; set policy.chat_format to one of {sorted(chat_formats())}"
         )
+    return found
+
+
+def choose_chat_format(name: str, tokenizer: Any, source: str = "") -> str:
+    """:func:`resolve_chat_format` where a format is about to be built (the worker, the seed's
+    agent): the family to use, logged at INFO when ``auto`` picked it.
+
+    Args:
+        name: ``policy.chat_format``.
+        tokenizer: the loaded tokenizer.
+        source: what ``policy.tokenizer`` named, for the log line.
+
+    Raises:
+        TemplateError: ``name`` is not registered, or ``auto`` recognises no family (the message
+            names ``policy.chat_format`` and the registered families).
+    """
+    try:
+        found = resolve_chat_format(name, tokenizer)
+    except KeyError as e:
+        raise TemplateError(str(e.args[0]) if e.args else str(e)) from None
+    if name == AUTO:
+        logger.info("policy.chat_format=auto: chat format %s for tokenizer %s", found, source or getattr(tokenizer, "name_or_path", ""))
     return found
