@@ -37,14 +37,18 @@ logger = logging.getLogger(__name__)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table: statuses, what was trained and kept out, mean reward over trainable
-    episodes, repeated errors grouped one line per kind, true wall time, the files."""
+    """The end-of-run table: statuses, what was trained and kept out, the samples of a sample mode
+    and the compactions of a context strategy, mean reward over trainable episodes, repeated errors
+    grouped one line per kind, true wall time, the files."""
     rows = [("episodes", str(summary["episodes"]))]
     for st, n in sorted(summary["status_counts"].items()):
         rows.append((f"  {st}", str(n)))
     rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
-    if summary.get("sample_mode", "trajectory") != "trajectory":
-        rows.append((f"samples ({summary['sample_mode']}), splits", f"{summary.get('samples', 0)}, {summary.get('sample_splits', 0)}"))
+    if summary.get("sample_mode", "trajectory") != "trajectory" or summary.get("samples", summary["episodes"]) != summary["episodes"]:
+        rows.append((f"samples ({summary.get('sample_mode', 'trajectory')}), splits", f"{summary.get('samples', 0)}, {summary.get('sample_splits', 0)}"))
+    if summary.get("context_strategy", "none") != "none":
+        rows.append((f"compactions ({summary['context_strategy']})", str(summary.get("compactions", 0))))
+        rows.append((f"  longest sample (of {summary.get('max_context_tokens')})", str(summary.get("max_sample_tokens", 0))))
     for reason, n in sorted(summary.get("excluded_counts", {}).items()):
         rows.append((f"  excluded: {reason}", str(n)))
     if summary.get("undelivered"):
@@ -192,7 +196,8 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
         summary = writer.close({
             "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
             "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
-            "sample_mode": str(cfg.rollout.sample_mode),
+            "sample_mode": str(cfg.rollout.sample_mode), "history": str(cfg.policy.history),
+            "context_strategy": cfg.policy.context_strategy, "max_context_tokens": cfg.policy.max_context_tokens,
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
             "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
         })

@@ -56,6 +56,13 @@ class OnLength(Choice):
     KEEP = "keep"  # use the cut text as the turn
 
 
+class History(Choice):
+    """``policy.history``: how each turn's prompt is built (docs/design.md "History and context")."""
+
+    APPEND = "append"  # the previous prompt + the ids it sampled + the new messages' delta (one append-only sequence)
+    RERENDER = "rerender"  # the conversation so far rendered whole by the chat format (the deployed context)
+
+
 class PartialRollout(Choice):
     """``rollout.partial_rollout``: what a turn interrupted by a weight update becomes."""
 

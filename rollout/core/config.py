@@ -33,6 +33,7 @@ from rollout.core.choices import (
     Evaluator,
     EventLoop,
     GroupFilter,
+    History,
     LocalBackend,
     LogLevel,
     OnGroupFailure,
@@ -43,6 +44,7 @@ from rollout.core.choices import (
     SampleMode,
     UserKind,
 )
+from rollout.core.context import context_strategies, is_import_path
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
 from rollout.core.formats.registry import AUTO, chat_formats
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
@@ -115,6 +117,16 @@ class PolicyConfig:
     # episode `truncated` (termination_reason context).
     on_length: OnLength = OnLength.TRUNCATE
     enable_thinking: Optional[bool] = None  # passed to the chat template when set (Qwen3)
+    # How each turn's prompt is built: append = the previous prompt + its sampled ids + the new
+    # messages' delta (one append-only sequence); rerender = the conversation so far rendered whole
+    # by the chat format, as a deployed server sees it (Qwen3 drops earlier <think> blocks). The
+    # sampled ids are the server's either way. rerender needs rollout.sample_mode per_turn or merge_prefix.
+    history: History = History.APPEND
+    # When the next prompt would leave fewer than context_headroom_tokens for the turn: none = go
+    # on while anything fits, then end `truncated`; drop_tool_results | drop_oldest_turns = compact the
+    # conversation and go on in a new sample (counted: compactions); or package.module:factory of your own.
+    context_strategy: str = "none"
+    context_headroom_tokens: int = 1024  # room for the turn a compaction must leave (and whose lack starts one)
 
 
 @dataclass
@@ -398,6 +410,10 @@ def validate(cfg: Config) -> Config:
     _check(p.chat_format == AUTO or p.chat_format in chat_formats(), "policy.chat_format",
            f"unknown chat format {p.chat_format!r}; valid: {AUTO}, {', '.join(chat_formats())} (python -m rollout formats)")
     _check(p.max_context_tokens >= 16, "policy.max_context_tokens", "must be >= 16")
+    _check(p.context_strategy in context_strategies() or is_import_path(p.context_strategy), "policy.context_strategy",
+           f"unknown strategy {p.context_strategy!r}; valid: {', '.join(context_strategies())}, or package.module:factory")
+    _check(0 < p.context_headroom_tokens < p.max_context_tokens, "policy.context_headroom_tokens",
+           f"must be in (0, policy.max_context_tokens={p.max_context_tokens}), got {p.context_headroom_tokens}")
     _check(p.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
     _check(p.tokenize_timeout_s > 0, "policy.tokenize_timeout_s", "must be > 0")
     _check(p.max_request_retries >= 0, "policy.max_request_retries", "must be >= 0")
@@ -416,6 +432,9 @@ def validate(cfg: Config) -> Config:
         _check(st in valid, "rollout.train_statuses", f"unknown status {st!r}; valid: {sorted(valid)}")
     _check(r.max_staleness is None or r.max_staleness >= 0, "rollout.max_staleness", "must be null (off) or >= 0")
     _check(r.max_member_reruns >= 0, "rollout.max_member_reruns", "must be >= 0")
+    _check(not (r.sample_mode == SampleMode.TRAJECTORY and p.history == History.RERENDER), "rollout.sample_mode",
+           "trajectory with policy.history=rerender: a re-rendered history is not one append-only sequence; "
+           "use rollout.sample_mode=per_turn or merge_prefix, or policy.history=append")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
     _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
     return cfg

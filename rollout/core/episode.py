@@ -8,91 +8,45 @@ deltas), every step has a timeout, and every way an episode can end is a typed
 simulator or a server does.
 
 The event loop never calls the tokenizer: rendering, encoding and decoding run in threads
-(:func:`_off_loop`), each bounded by ``policy.tokenize_timeout_s``, because the chat template
+(:func:`~rollout.core.prompts.off_loop`), each bounded by ``policy.tokenize_timeout_s``, because the chat template
 serialises calls into the Rust tokenizer with a lock that threads hold while they encode large
 prompts. A call past its bound raises :class:`TokenizeTimeout`, which ends the episode
 ``policy_error`` (termination reason ``tokenize_timeout``) in one place.
 
 What an episode counted goes into the record's ``metadata`` through
 :class:`~rollout.core.metrics.EpisodeMetrics`.
+
+How each turn's prompt is built is :class:`~rollout.core.prompts.Prompts`' job: ``policy.history=append`` extends the
+live sequence with the new messages' delta; ``rerender`` renders the conversation so far whole and
+extends the live sequence when the rendering does, else starts a new segment
+(:meth:`Trajectory.start_segment`). When the next prompt would leave less than
+``policy.context_headroom_tokens`` for the turn, ``policy.context_strategy``
+(:mod:`rollout.core.context`) may compact the conversation; the compacted one starts a new segment.
+The sampled ids are always the server's, never re-tokenized.
 """
 
 from __future__ import annotations
 
-import array
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.core.config import OnLength, OnParseError, PartialRollout, PolicyConfig
+from rollout.core.config import OnLength, OnParseError, PartialRollout
 from rollout.core.environment import RESPOND, Action, Environment, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
-from rollout.core.formats import ChatFormat, ParseError
+from rollout.core.formats import ChatFormat, ParseError, TemplateError
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.policy import PolicyClient, PolicyServerError
-from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory
+from rollout.core.prompts import ContextStrategyError, Prompts, TokenizeTimeout, off_loop, prompt_trajectory
+from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.core.settings import EpisodeSettings
+from rollout.core.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
 # The in-band feedback on a turn that does not parse (policy.on_parse_error=feedback); ``hint`` is
 # the chat format's ChatFormat.call_hint.
 PARSE_FEEDBACK = "[format error] Your last message could not be used: {error}. {hint}"
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """What the loop needs from the config, resolved once per actor.
-
-    Attributes:
-        max_steps: agent turns (``env.max_steps``).
-        max_new_tokens: per turn (``policy.sampling.max_new_tokens``).
-        max_context_tokens: prompt + response bound (``policy.max_context_tokens``).
-        on_parse_error: ``feedback`` | ``abort`` (:class:`~rollout.core.config.OnParseError`; a
-            plain value string works too, as for the other choices).
-        system_prompt: the agent's system prompt.
-        tool_names: the tools the parser accepts.
-        partial_rollout: what a turn interrupted by a weight update becomes
-            (``rollout.partial_rollout``): ``continue`` | ``restart_turn`` | ``drop``.
-        stop: the stop strings of ``policy.sampling.stop`` (a continued turn is checked for one
-            that straddles the interruption, which no single server call could see).
-        tokenize_timeout_s: bound on each tokenizer call made in a thread
-            (``policy.tokenize_timeout_s``).
-        on_length: what a turn cut at ``max_new_tokens`` becomes (``policy.on_length``):
-            ``truncate`` ends the episode ``truncated`` (termination reason ``turn_length``);
-            ``keep`` uses the cut text as the turn.
-    """
-
-    max_steps: int
-    max_new_tokens: int
-    max_context_tokens: int
-    on_parse_error: OnParseError
-    system_prompt: str
-    tool_names: tuple[str, ...]
-    partial_rollout: PartialRollout = PartialRollout.CONTINUE
-    stop: tuple[str, ...] = ()
-    tokenize_timeout_s: float = PolicyConfig.tokenize_timeout_s
-    on_length: OnLength = PolicyConfig.on_length
-
-    @classmethod
-    def from_policy(cls, policy: PolicyConfig, *, max_steps: int, system_prompt: str, tool_names: tuple[str, ...] | list[str],
-                    partial_rollout: PartialRollout = PartialRollout.CONTINUE) -> EpisodeSettings:
-        """The settings for ``policy`` (the ``policy`` section: sampling budget and stop strings,
-        context bound, parse-error and length policies, tokenizer timeout), with the environment's
-        ``max_steps``, system prompt and tool names; one construction for every path (the
-        worker, ``asolve``)."""
-        return cls(
-            max_steps=int(max_steps),
-            max_new_tokens=policy.sampling.max_new_tokens,
-            max_context_tokens=policy.max_context_tokens,
-            on_parse_error=policy.on_parse_error,
-            system_prompt=system_prompt,
-            tool_names=tuple(tool_names),
-            partial_rollout=partial_rollout,
-            stop=tuple(policy.sampling.stop),
-            tokenize_timeout_s=policy.tokenize_timeout_s,
-            on_length=policy.on_length,
-        )
 
 
 def request_id(spec: EpisodeSpec, request: int) -> str:
@@ -121,59 +75,6 @@ def _request_seed(spec: EpisodeSpec, request: int) -> int:
     """``sampling_seed`` of an episode's ``request``-th ``/generate`` call (a continued turn's
     second call gets a fresh seed, so it does not replay the random stream of the first)."""
     return (spec.seed * 1_000_003 + request) % (2**31 - 1)
-
-
-class TokenizeTimeout(RuntimeError):
-    """A tokenizer call ran past ``policy.tokenize_timeout_s`` (the actor's threads are stuck or
-    overloaded): the episode ends ``policy_error`` with termination reason ``tokenize_timeout``."""
-
-
-async def _off_loop(settings: EpisodeSettings, fn, *args):
-    """``fn(*args)`` in a thread, bounded by ``settings.tokenize_timeout_s``.
-
-    Every tokenizer call of the loop goes through here, except short ones that the chat template
-    can make at once (:meth:`ChatFormat.try_decode_now`, :meth:`ChatFormat.try_delta_ids_now`):
-    the template serialises calls into the Rust tokenizer with a lock that threads hold while they
-    encode large prompts, and the event loop never waits on that lock.
-
-    Raises:
-        TokenizeTimeout: the call did not finish in time (its thread finishes on its own).
-    """
-    try:
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args), settings.tokenize_timeout_s)
-    except asyncio.TimeoutError:
-        name = getattr(fn, "__name__", "tokenizer call").lstrip("_")
-        raise TokenizeTimeout(f"{name} took over {settings.tokenize_timeout_s:g} s (policy.tokenize_timeout_s)") from None
-
-
-def _prompt_trajectory(chat: ChatFormat, messages: list[dict]) -> Trajectory:
-    """The episode's :class:`Trajectory` on its first prompt, compact (blocking: run in a thread).
-
-    The ~5k ids go into the compact record in the thread: no list of them waits on the loop (in
-    a future's result, then a frame) where the garbage collector walks every item. At 512
-    episodes per actor, lists of first-prompt and delta ids held about half the references a
-    gen-1 collection walked (a census in an actor under ``python -m rollout.bench pool``).
-    """
-    return Trajectory(prompt_ids=chat.prompt_ids(messages)).compact()
-
-
-def _delta_array(chat: ChatFormat, messages: list[dict]) -> array.array:
-    """:meth:`ChatFormat.delta_ids` as an int64 ``array.array`` (blocking: run in a thread)."""
-    return array.array("q", chat.delta_ids(messages))
-
-
-async def _delta_ids(settings: EpisodeSettings, chat: ChatFormat, messages: dict | list[dict]) -> array.array:
-    """:meth:`ChatFormat.delta_ids` of one message (or several: the results of a turn's tool
-    calls) as an int64 ``array.array`` (the garbage collector does not walk its items while the
-    episode holds it): on the loop when it is short (see :meth:`ChatFormat.try_delta_ids_now`),
-    else in a thread (:func:`_off_loop`).
-
-    Raises:
-        TokenizeTimeout: the thread did not finish in time.
-    """
-    batch = [messages] if isinstance(messages, dict) else list(messages)
-    ids = chat.try_delta_ids_now(batch)
-    return array.array("q", ids) if ids is not None else await _off_loop(settings, _delta_array, chat, batch)
 
 
 @dataclass
@@ -206,13 +107,13 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
     start = traj.response_length
     turn = _Turn(ids=[], finish_type="stop")
     while True:
-        budget = min(settings.max_new_tokens - len(turn.ids), settings.max_context_tokens - len(traj) - len(chat.eot_ids))
+        budget = min(settings.max_new_tokens - len(turn.ids), settings.max_context_tokens - traj.context_length - len(chat.eot_ids))
         if budget <= 0:  # the interrupted call had already used the turn's (or the context's) budget
             turn.finish_type = "length"
             return turn
         n = metrics.requests
         try:
-            gen = await policy.generate(traj.token_array(), max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
+            gen = await policy.generate(traj.context_array(), max_new_tokens=budget, rid=request_id(spec, n), routing_key=spec.episode_id, seed=_request_seed(spec, n))
         except PolicyServerError as e:
             turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
             return turn
@@ -236,7 +137,7 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             metrics.discarded_tokens += traj.discard_from(start)
             turn.ids = []
     if turn.interruptions and settings.partial_rollout == PartialRollout.CONTINUE:
-        cut = await _off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
+        cut = await off_loop(settings, _straddled_stop, chat, turn.ids, settings.stop)
         if cut is not None:  # the server would have stopped there, had the turn not been split
             metrics.discarded_tokens += traj.discard_from(start + cut)
             turn.ids = turn.ids[:cut]
@@ -326,17 +227,20 @@ async def run_episode(
     except Exception as e:  # EnvironmentStepError or anything from environment code
         return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
     messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
+    view = list(messages)  # the conversation the policy is given (compacted, it differs from messages)
     # Every tokenizer call in a thread (the first prompt, decoding a turn, a delta, a continued
     # turn's stop-string check) may raise TokenizeTimeout: this one handler ends the episode.
     try:
         # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop;
         # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
-        traj = await _off_loop(settings, _prompt_trajectory, chat, messages)
+        traj = await off_loop(settings, prompt_trajectory, chat, messages)
+        prompts = Prompts(spec, traj, view, chat, policy, settings, metrics)
 
         # -- turns -----------------------------------------------------------------------------
-        for _ in range(settings.max_steps):
+        for step in range(settings.max_steps):
+            last = step == settings.max_steps - 1
             # room for the end-of-turn repair keeps the trajectory within max_context_tokens
-            if settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0:
+            if settings.max_context_tokens - traj.context_length - len(chat.eot_ids) <= 0:
                 return finish(EpisodeStatus.TRUNCATED, "context")
             t0 = time.monotonic()
             try:
@@ -354,7 +258,7 @@ async def run_episode(
             body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
             text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
             if text is None:
-                text = await _off_loop(settings, chat.decode, body_ids)
+                text = await off_loop(settings, chat.decode, body_ids)
             if not closed:
                 # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
                 # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
@@ -363,7 +267,7 @@ async def run_episode(
             cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
             if cut:
                 metrics.length_finishes += 1
-                context_full = settings.max_context_tokens - len(traj) - len(chat.eot_ids) <= 0  # no room for another turn
+                context_full = settings.max_context_tokens - traj.context_length - len(chat.eot_ids) <= 0  # no room for another turn
                 if context_full or settings.on_length == OnLength.TRUNCATE:
                     # the cut text never reaches the user or a tool as if it were the whole turn
                     messages.append({"role": "assistant", "content": text, **cut})
@@ -374,16 +278,19 @@ async def run_episode(
             except ParseError as e:
                 metrics.parse_errors += 1
                 messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
+                view.append(messages[-1])
                 if settings.on_parse_error == OnParseError.ABORT:
                     return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
                 feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e, hint=chat.call_hint)}
                 messages.append({**feedback, "format_feedback": True})
-                if not _append_delta(traj, await _delta_ids(settings, chat, feedback), settings):
+                view.append(feedback)
+                if not await prompts.advance([feedback], last):
                     return finish(EpisodeStatus.TRUNCATED, "context")
                 continue
 
             call_id = f"call_{metrics.turns}"
             messages.append({**parsed.to_message(call_id), **cut})
+            view.append(messages[-1])
             # One step per tool call, in the order written (as tau2's orchestrator executes a turn's
             # calls); a reply is one step. The answers are appended as one delta.
             if parsed.tool_calls:
@@ -415,13 +322,17 @@ async def run_episode(
                     return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
                 answers.append(answer)
             messages.extend(answers)
-            # what the template renders: tool results (with their call) or the user's turn
-            nxt = [_rendered(a) for a in answers]
-            if not _append_delta(traj, await _delta_ids(settings, chat, nxt), settings):
+            view.extend(answers)
+            # append's delta: what the template renders of tool results (with their call) or the user's turn
+            if not await prompts.advance([_rendered(a) for a in answers], last):
                 return finish(EpisodeStatus.TRUNCATED, "context")
         return finish(EpisodeStatus.MAX_STEPS, "max_steps")
     except TokenizeTimeout as e:
         return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+    except TemplateError as e:  # the chat format cannot render the conversation (a delta, a re-rendering)
+        return finish(EpisodeStatus.POLICY_ERROR, "render_error", str(e))
+    except ContextStrategyError as e:
+        return finish(EpisodeStatus.ENV_ERROR, "context_strategy", str(e))
 
 
 def _observation_message(observation: str, info: dict[str, Any], action: Action, call_id: str) -> dict[str, Any]:
@@ -441,14 +352,6 @@ def _rendered(answer: dict[str, Any]) -> dict[str, Any]:
     result's call id and name are left out: the delta must not depend on them, and the hermes
     format's probed affixes take role and content only)."""
     return {"role": "tool" if answer["role"] == "tool" else "user", "content": answer["content"]}
-
-
-def _append_delta(traj: Trajectory, delta: array.array | list[int], settings: EpisodeSettings) -> bool:
-    """Append a context delta unless it would leave no room to generate; False when full."""
-    if len(traj) + len(delta) >= settings.max_context_tokens:
-        return False
-    traj.append_context(delta)
-    return True
 
 
 def _strip_trailing_specials(text: str, chat: ChatFormat) -> str:

@@ -3,16 +3,18 @@
 An exporter turns one finished episode into the training samples that reach the trainer and the
 files, in two steps: :meth:`SampleExporter.export` of an
 :class:`~rollout.core.records.InteractionResult` gives the episode's samples, and
-:meth:`SampleExporter.split` of the episode's ``trajectory`` sample gives the same samples. The
-pool keeps one ``trajectory`` sample per episode (the ledger, the journal, the training policy
-and the groups work per episode, docs/design.md invariant 2) and calls ``split`` of the
-configured mode where samples are handed out (:mod:`rollout.core.pool.streams`), so a resumed run
-re-splits journaled episodes the same way.
+:meth:`SampleExporter.split` of the episode's *episode sample*
+(:meth:`~rollout.core.records.InteractionResult.to_sample`) gives the same samples. The pool keeps
+one episode sample per episode (the ledger, the journal, the training policy and the groups work
+per episode, docs/design.md invariant 2) and calls ``split`` of the configured mode where samples
+are handed out (:mod:`rollout.core.pool.streams`), so a resumed run re-splits journaled episodes
+the same way.
 
 Modes (:mod:`rollout.core.sample_modes`): ``trajectory`` (one sample per episode, the whole
-append-only token sequence), ``per_turn`` (one per assistant turn), ``merge_prefix`` (turns merged
-while each prompt extends the sample). A new mode is a class with ``export`` and ``split``, added
-with :func:`register_exporter`.
+append-only token sequence; one per segment for an episode whose history was re-rendered or
+compacted), ``per_turn`` (one per assistant turn), ``merge_prefix`` (turns merged while each
+prompt extends the sample). A new mode is a class with ``export`` and ``split``, added with
+:func:`register_exporter`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class SampleExporter(Protocol):
         in ``metadata["episode_id"]``, its status and its reward.
 
         Raises:
-            rollout.core.records.TrajectoryError: the episode's record is misaligned.
+            rollout.core.trajectory.TrajectoryError: the episode's record is misaligned.
         """
         ...
 
@@ -39,17 +41,14 @@ class SampleExporter(Protocol):
         """The same samples from the episode's ``trajectory`` sample (a journaled one too).
 
         Raises:
-            rollout.core.records.TrajectoryError: the sample is misaligned.
+            rollout.core.trajectory.TrajectoryError: the sample is misaligned.
         """
         ...
 
 
-# One sample per episode: InteractionResult.to_sample (the ``trajectory`` mode); its ``split``
-# returns the sample itself. ``keep_messages``: keep the conversation (``rollout.keep_messages``).
-TrajectoryExporter = TrajectoryMode
-
+# name -> factory(keep_messages=...) (``keep_messages``: keep the conversation, ``rollout.keep_messages``)
 _EXPORTERS: dict[str, Callable[..., SampleExporter]] = {
-    "trajectory": TrajectoryExporter, "per_turn": PerTurnMode, "merge_prefix": MergePrefixMode,
+    "trajectory": TrajectoryMode, "per_turn": PerTurnMode, "merge_prefix": MergePrefixMode,
 }
 
 

@@ -62,6 +62,8 @@ class EpisodeMetrics:
         sample_splits: with ``rollout.sample_mode=merge_prefix``, the times a turn's prompt did
             not extend the sample being merged and a new sample began (samples - 1); set by the
             driver's exporter, :data:`UNSET` in the other modes.
+        compactions: times ``policy.context_strategy`` compacted the conversation (each starts a
+            new segment: a new sample); :data:`UNSET` with ``none``.
     """
 
     turns: int = 0
@@ -83,6 +85,7 @@ class EpisodeMetrics:
     response_tokens: int | _Unset = UNSET
     generated_tokens: int | _Unset = UNSET
     sample_splits: int | _Unset = UNSET
+    compactions: int | _Unset = UNSET
 
     def to_metadata(self) -> dict[str, Any]:
         """The metrics as ``metadata``'s keys, in field order, leaving out the :data:`UNSET` ones

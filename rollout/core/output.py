@@ -56,7 +56,9 @@ class RunStats:
     infrastructure failure has no reward; it is counted in ``status_counts`` and ``errors``, never
     averaged in as 0. Counts are per episode; ``trained_samples``, ``samples``, ``tokens`` (prompt +
     response of every sample: per_turn counts each turn's prompt again) and ``generated_tokens``
-    are over samples; ``sample_splits`` sums the episodes' merge_prefix splits.
+    are over samples; ``sample_splits`` sums the episodes' merge_prefix splits, ``compactions``
+    their context compactions (``policy.context_strategy``); ``max_sample_tokens`` is the longest
+    sample's ``len(tokens)`` (at most ``policy.max_context_tokens``).
 
     Args:
         train_statuses: ``rollout.train_statuses``.
@@ -75,6 +77,8 @@ class RunStats:
         self.trained_episodes = 0
         self.samples = 0
         self.sample_splits = 0
+        self.compactions = 0
+        self.max_sample_tokens = 0
         self.turns = 0
         self.tokens = 0
         self.generated_tokens = 0
@@ -96,6 +100,8 @@ class RunStats:
         self.episodes += 1
         self.samples += len(samples)
         self.sample_splits += m.sample_splits or 0
+        self.compactions += m.compactions or 0
+        self.max_sample_tokens = max([self.max_sample_tokens] + [len(x.tokens) for x in samples])
         self.status_counts[s.status] += 1
         if excluded_reason is None:
             self.trained += len(samples)
@@ -124,7 +130,9 @@ class RunStats:
             "trained_episodes": self.trained_episodes,
             "samples": self.samples,
             "sample_splits": self.sample_splits,
+            "compactions": self.compactions,
             "tokens": self.tokens,
+            "max_sample_tokens": self.max_sample_tokens,
             "status_counts": dict(self.status_counts),
             "excluded_counts": dict(self.excluded_counts),
             "mean_reward_per_domain": {d: self.reward_sum[d] / self.reward_n[d] for d in self.reward_n},

@@ -1,6 +1,7 @@
 """Typed records, one per boundary of the data flow (docs/design.md "Data flow").
 
-``EpisodeSpec`` (driver -> actor), ``Trajectory`` (the token-level record built inside an episode),
+``EpisodeSpec`` (driver -> actor), ``Trajectory`` (the token-level record built inside an episode:
+:mod:`rollout.core.trajectory`, named here too),
 ``InteractionResult`` (actor -> driver), ``TrainingSample`` (driver -> trainer / disk) and
 ``Batch`` (padded arrays for a trainer). Field names follow slime's ``Sample`` and verl's
 ``response_mask`` conventions: ``tokens`` = prompt + response ids, ``response_length``,
@@ -9,13 +10,14 @@
 
 from __future__ import annotations
 
-import array
 import copy
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
+
+from rollout.core.trajectory import Trajectory, turn_calls
 
 
 class EpisodeStatus(str, enum.Enum):
@@ -102,177 +104,6 @@ class EpisodeSpec:
     attempt: int = 0
 
 
-class TrajectoryError(ValueError):
-    """Raised when an append would break token / mask / log-prob alignment."""
-
-
-@dataclass
-class Trajectory:
-    """Token record of one episode (docs/design.md invariant 1).
-
-    ``prompt_ids`` is the first request's prompt. Every later token is appended either as
-    *generated* (sampled by the policy: mask 1, its rollout log-prob) or as *context* (template
-    tokens, tool results, user turns, turn-boundary repairs: mask 0, log-prob 0.0). The three
-    response lists always have the same length.
-
-    Each ``/generate`` call is recorded once, in order: ``weight_versions[j]`` is the server's
-    ``meta_info["weight_version"]`` for call ``j`` (``None`` if the server sent none) and
-    ``generation_spans[j] == (start, end)`` are the response indices of the tokens call ``j``
-    sampled (``end - start`` tokens; empty when it sampled none or its tokens were discarded).
-    The spans are disjoint, in order, and cover exactly the positions whose mask is 1, so every
-    sampled token's weight version is known (slime's ``Sample.weight_versions``, made per token).
-
-    Append-only but for :meth:`discard_from` (the tail of an unfinished turn, ``restart_turn``).
-
-    While an episode runs, the actor keeps the four token sequences in compact form
-    (:meth:`compact`: ``array.array``, which the garbage collector does not walk item by item;
-    full collections over hundreds of 10-30k-item lists stopped the event loop for hundreds of
-    milliseconds, docs/performance.md) and turns them back into lists when it ends (:meth:`expand`).
-    """
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    rollout_log_probs: list[float] = field(default_factory=list)
-    weight_versions: list[str | None] = field(default_factory=list)
-    generation_spans: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def tokens(self) -> list[int]:
-        """Prompt + response ids: exactly the sequence the policy saw and sampled (a new list)."""
-        if self.is_compact:
-            return (self.prompt_ids + self.response_ids).tolist()
-        return self.prompt_ids + self.response_ids
-
-    def token_array(self) -> np.ndarray:
-        """Prompt + response ids as a new 1-D ``int64`` numpy array of ``len(self)`` ids (from the
-        compact form without making a Python int per id).
-
-        From the compact form it views a new concatenated array, never the live arrays: a view
-        of a live ``array.array`` that anything got hold of made its next append raise
-        ``BufferError`` (seen under ``python -m rollout.bench pool``; tests/unit/test_records.py).
-        """
-        if self.is_compact:
-            return np.frombuffer(self.prompt_ids + self.response_ids, dtype=np.int64)
-        return np.asarray(self.prompt_ids + self.response_ids, dtype=np.int64)
-
-    is_compact = property(lambda self: isinstance(self.prompt_ids, array.array), doc="Whether in compact form (:meth:`compact`).")
-
-    def compact(self) -> Trajectory:
-        """Hold ``prompt_ids``, ``response_ids``, ``loss_mask`` and ``rollout_log_probs`` as
-        ``array.array`` (int64, int64, int8 and float64: the same values, none of them
-        visited by the garbage collector) until :meth:`expand`; every method works on either form. Returns self.
-
-        Raises:
-            OverflowError: an id outside int64 or a mask value outside int8.
-        """
-        if not self.is_compact:
-            self.prompt_ids = array.array("q", self.prompt_ids)
-            self.response_ids = array.array("q", self.response_ids)
-            self.loss_mask = array.array("b", self.loss_mask)
-            self.rollout_log_probs = array.array("d", self.rollout_log_probs)
-        return self
-
-    def expand(self) -> Trajectory:
-        """Back to lists of Python ints and floats (the form every record outside the episode loop
-        has); a no-op on lists. Returns self."""
-        if self.is_compact:
-            self.prompt_ids = self.prompt_ids.tolist()
-            self.response_ids = self.response_ids.tolist()
-            self.loss_mask = self.loss_mask.tolist()
-            self.rollout_log_probs = self.rollout_log_probs.tolist()
-        return self
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    response_length = property(lambda self: len(self.response_ids), doc="Response tokens (after the first prompt).")
-
-    def append_generated(self, ids: list[int], log_probs: list[float], weight_version: str | None = None) -> None:
-        """Append the ids one ``/generate`` call sampled, with their log-probs (mask 1), and
-        record the call's weight version and span (also for an empty ``ids``).
-
-        Raises:
-            TrajectoryError: ``len(ids) != len(log_probs)``.
-        """
-        if len(ids) != len(log_probs):
-            raise TrajectoryError(f"{len(ids)} generated ids but {len(log_probs)} log-probs")
-        start = len(self.response_ids)
-        self.response_ids.extend(ids)
-        self.loss_mask.extend([1] * len(ids))
-        self.rollout_log_probs.extend(float(x) for x in log_probs)
-        self.weight_versions.append(None if weight_version is None else str(weight_version))
-        self.generation_spans.append((start, start + len(ids)))
-
-    def append_context(self, ids: list[int] | array.array) -> None:
-        """Append ids the policy did not sample (mask 0, log-prob 0.0); ``ids``: a list or an
-        int64 ``array.array``."""
-        self.response_ids.extend(ids)
-        self.loss_mask.extend([0] * len(ids))
-        self.rollout_log_probs.extend([0.0] * len(ids))
-
-    def discard_from(self, index: int) -> int:
-        """Drop response tokens from response index ``index`` on; the calls that sampled them
-        keep their entries with their spans cut at ``index``.
-
-        Returns:
-            The number of tokens dropped.
-
-        Raises:
-            TrajectoryError: ``index`` is outside ``[0, response_length]``.
-        """
-        n = len(self.response_ids)
-        if not 0 <= index <= n:
-            raise TrajectoryError(f"cannot discard from {index}: the response has {n} tokens")
-        del self.response_ids[index:], self.loss_mask[index:], self.rollout_log_probs[index:]
-        self.generation_spans = [(min(a, index), min(b, index)) for a, b in self.generation_spans]
-        return n - index
-
-    def check(self) -> None:
-        """Raise :class:`TrajectoryError` if the response lists, the spans and the mask disagree."""
-        n = len(self.response_ids)
-        if len(self.loss_mask) != n or len(self.rollout_log_probs) != n:
-            raise TrajectoryError(
-                f"misaligned trajectory: {n} ids, {len(self.loss_mask)} mask, {len(self.rollout_log_probs)} log-probs"
-            )
-        check_spans(self.generation_spans, self.weight_versions, self.loss_mask)
-
-
-def turn_calls(spans: list) -> list[list[int]]:
-    """The ``/generate`` calls of each assistant turn of an append-only record, as lists of call
-    indices: a call whose span starts where the previous one ended continues that turn (a weight
-    update interrupted it, or ``restart_turn`` discarded it); context (mask 0) always lies between
-    two turns (an end-of-turn repair, a tool result, a user turn), so a gap starts a new turn."""
-    turns: list[list[int]] = []
-    for j, (a, _b) in enumerate(spans):
-        if turns and a == spans[j - 1][1]:
-            turns[-1].append(j)
-        else:
-            turns.append([j])
-    return turns
-
-
-def check_spans(spans: list, versions: list, loss_mask: list[int]) -> None:
-    """Check that per-call ``spans`` are in order, disjoint, one per entry of ``versions``, and
-    cover exactly the positions where ``loss_mask`` is 1.
-
-    Raises:
-        TrajectoryError: naming the first disagreement.
-    """
-    if len(spans) != len(versions):
-        raise TrajectoryError(f"{len(spans)} generation spans but {len(versions)} weight versions")
-    pos = 0
-    covered = 0
-    for a, b in spans:
-        if not pos <= a <= b <= len(loss_mask):
-            raise TrajectoryError(f"generation span ({a}, {b}) out of order or out of range")
-        if any(m != 1 for m in loss_mask[a:b]):
-            raise TrajectoryError(f"generation span ({a}, {b}) covers tokens with mask 0")
-        pos, covered = b, covered + (b - a)
-    if covered != sum(loss_mask):
-        raise TrajectoryError(f"{sum(loss_mask)} tokens have mask 1 but the generation spans cover {covered}")
-
-
 @dataclass
 class InteractionResult:
     """What an actor returns for one episode.
@@ -320,6 +151,7 @@ class InteractionResult:
             rollout_log_probs=list(traj.rollout_log_probs),
             weight_versions=list(traj.weight_versions),
             generation_spans=[list(sp) for sp in traj.generation_spans],
+            segment_starts=list(traj.segment_starts),
             reward=float(self.reward),
             status=self.status.value,
             group_id=self.spec.group_id,
@@ -350,6 +182,12 @@ class TrainingSample:
     that did not parse (its raw text as ``content``), ``"format_feedback": true`` on the user
     message the loop sent back about it. It is for reading what happened; the token fields are
     the training data (decoding them gives the same text).
+
+    ``segment_starts`` is empty on every sample handed to a trainer. Only an *episode sample*
+    (what the pool keeps and journals per episode, :meth:`InteractionResult.to_sample`) of an
+    episode whose prompts did not all extend each other (``policy.history=rerender``, a
+    compaction) has it: response indices where a segment's prompt starts, the record being the
+    segments' concatenation, which the sample modes cut apart (:mod:`rollout.core.sample_modes`).
     """
 
     tokens: list[int]
@@ -364,6 +202,7 @@ class TrainingSample:
     weight_versions: list[str | None] = field(default_factory=list)
     generation_spans: list[list[int]] = field(default_factory=list)
     messages: list[dict[str, Any]] | None = None
+    segment_starts: list[int] = field(default_factory=list)
 
     @property
     def episode_id(self) -> str:
@@ -412,6 +251,7 @@ class TrainingSample:
             "group_id": self.group_id, "sample_index": self.sample_index, "metadata": copy.deepcopy(self.metadata),
             "weight_versions": list(self.weight_versions), "generation_spans": [list(s) for s in self.generation_spans],
             "messages": copy.deepcopy(self.messages),
+            **({"segment_starts": list(self.segment_starts)} if self.segment_starts else {}),
         }
 
     @classmethod

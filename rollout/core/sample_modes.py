@@ -5,7 +5,8 @@ Every mode starts from the episode's *episode sample*: the ``trajectory`` sample
 which is what the pool keeps per episode (the exactly-once ledger, the journal, the training policy
 and the groups all work on it). A mode splits it into the samples the trainer gets:
 
-* ``trajectory``: the episode sample itself (one per episode).
+* ``trajectory``: the episode sample itself (one per episode; one per segment for an episode
+  of several, below).
 * ``per_turn``: one sample per assistant turn. Its prompt (``tokens[:prompt_length]``) is exactly
   the ``input_ids`` of the turn's first ``/generate`` call; its response is exactly the tokens the
   turn sampled, all mask 1 with their rollout log-probs, and its ``weight_versions`` /
@@ -28,10 +29,14 @@ sample carries the episode's ``reward``, ``status``, group, ``metadata`` (with `
 in ``per_turn`` / ``merge_prefix``, ``metadata["turn_indices"]``: the assistant turns it holds
 (indices in the episode's order, from 0; :attr:`TrainingSample.turn_indices`).
 
-The turns come from :func:`turn_records`: for today's append-only history they are cut out of the
-episode sample (:func:`rollout.core.records.turn_calls`). A history whose prompts do not extend
-each other (a re-rendered one, or a compacted context) gives :class:`TurnRecord` s with their own
-``prompt_ids``, and the same two splitters apply.
+The turns come from :func:`turn_records`, cut out of the episode sample
+(:func:`rollout.core.trajectory.turn_calls`). An episode whose prompts did not all extend each other
+(``policy.history=rerender`` where a re-render changed earlier text, or a compaction by
+``policy.context_strategy``) has an episode sample of several *segments*
+(:attr:`TrainingSample.segment_starts`), each one append-only sequence the policy was given:
+:func:`segments` cuts them apart, a turn's prompt is its segment up to the turn, and ``trajectory``
+gives one sample per segment (never one sequence across a change of tokens). ``merge_prefix``
+over a re-rendered history merges exactly the turns of one segment.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from rollout.core.records import InteractionResult, TrainingSample, TrajectoryError, turn_calls
+from rollout.core.records import InteractionResult, TrainingSample
+from rollout.core.trajectory import TrajectoryError, check_segments, turn_calls
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +71,65 @@ class TurnRecord:
     generation_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
-def turn_records(episode: TrainingSample) -> list[TurnRecord]:
-    """The assistant turns of an append-only episode sample, in order (empty without a call).
+def segments(episode: TrainingSample) -> list[TrainingSample]:
+    """The episode sample's segments, in order, each a sample of one append-only sequence: its
+    prompt is the segment's tokens up to its first sampled token, its calls those whose spans lie
+    in it. ``[episode]`` (the same object) when it has one segment; otherwise each carries
+    ``metadata["turn_indices"]`` (the episode's turns it holds).
 
     Raises:
-        rollout.core.records.TrajectoryError: a turn's span covers tokens with mask 0 (the record
+        rollout.core.trajectory.TrajectoryError: the segment starts or spans are misaligned.
+    """
+    starts = list(episode.segment_starts)
+    if not starts:
+        return [episode]
+    check_segments(starts, episode.loss_mask)
+    p, n = episode.prompt_length, episode.response_length
+    bounds = [(-p, starts[0])] + list(zip(starts, starts[1:] + [n]))  # response indices; segment 0 from the prompt's start
+    calls = list(zip(episode.generation_spans, episode.weight_versions))
+    out: list[TrainingSample] = []
+    turn = 0
+    for a, b in bounds:
+        mine = []
+        while calls and calls[0][0][0] <= b:  # a later segment's calls start after its prompt, past b
+            mine.append(calls.pop(0))
+        tokens = episode.tokens[p + a : p + b]
+        first = next((i for i in range(max(a, 0), b) if episode.loss_mask[i]), b)  # first sampled response index
+        resp = b - first
+        meta = dict(episode.metadata)
+        spans = [[x - first, y - first] for (x, y), _ in mine]
+        k = len(turn_calls(spans))
+        meta["turn_indices"] = list(range(turn, turn + k))
+        turn += k
+        out.append(TrainingSample(
+            tokens=tokens, response_length=resp, loss_mask=list(episode.loss_mask[first:b]),
+            rollout_log_probs=list(episode.rollout_log_probs[first:b]), reward=episode.reward, status=episode.status,
+            group_id=episode.group_id, sample_index=episode.sample_index, metadata=meta,
+            weight_versions=[v for _, v in mine], generation_spans=spans, messages=episode.messages,
+        ))
+    if calls:
+        raise TrajectoryError(f"episode {episode.episode_id}: generation spans past the last segment")
+    return out
+
+
+def turn_records(episode: TrainingSample) -> list[TurnRecord]:
+    """The assistant turns of an episode sample, in order (empty without a call); a turn's prompt
+    is its segment's tokens up to the turn (:func:`segments`).
+
+    Raises:
+        rollout.core.trajectory.TrajectoryError: a turn's span covers tokens with mask 0 (a segment
             is not one append-only trajectory).
     """
+    out: list[TurnRecord] = []
+    for seg in segments(episode):
+        for t in _segment_turns(seg):
+            t.index = len(out)
+            out.append(t)
+    return out
+
+
+def _segment_turns(episode: TrainingSample) -> list[TurnRecord]:
+    """The turns of one segment (an append-only sample), indexed from 0."""
     p = episode.prompt_length
     out: list[TurnRecord] = []
     for i, calls in enumerate(turn_calls(episode.generation_spans)):
@@ -146,9 +204,11 @@ def per_turn_samples(episode: TrainingSample, turns: list[TurnRecord]) -> list[T
     return out or [episode]
 
 
-def merge_prefix_samples(episode: TrainingSample, turns: list[TurnRecord]) -> list[TrainingSample]:
+def merge_prefix_samples(episode: TrainingSample, turns: list[TurnRecord], tail: list[int] | None = None) -> list[TrainingSample]:
     """Consecutive turns merged while each prompt extends the sample (see the module docstring);
-    every sample's ``metadata["sample_splits"]`` is the episode's number of splits."""
+    every sample's ``metadata["sample_splits"]`` is the episode's number of splits. ``tail``: the
+    tokens whose rest is appended after the last turn where they extend it (the last segment's;
+    ``None``: the episode sample's)."""
     if not any(t.response_ids for t in turns):
         return [episode]
     builders: list[_Builder] = []
@@ -161,8 +221,9 @@ def merge_prefix_samples(episode: TrainingSample, turns: list[TurnRecord]) -> li
             builders.append(cur)
         cur.add_turn(t)
     last = builders[-1]
-    if last.extends(episode.tokens):
-        last.add_context(episode.tokens[last.tokens_len():])
+    tail = episode.tokens if tail is None else tail
+    if last.extends(tail):
+        last.add_context(tail[last.tokens_len():])
     splits = len(builders) - 1
     if splits:
         logger.debug("episode %s: %d sample split(s) (merge_prefix)", episode.episode_id, splits)
@@ -170,7 +231,7 @@ def merge_prefix_samples(episode: TrainingSample, turns: list[TurnRecord]) -> li
 
 
 class TrajectoryMode:
-    """``trajectory``: the episode sample, unchanged (one per episode)."""
+    """``trajectory``: the episode sample, unchanged (one per episode; one per segment when it has several)."""
 
     name = "trajectory"
 
@@ -178,8 +239,16 @@ class TrajectoryMode:
         self.keep_messages = keep_messages
 
     def split(self, episode: TrainingSample) -> list[TrainingSample]:
-        """``[episode]`` (the same object)."""
-        return [episode]
+        """``[episode]`` (the same object) for one segment; else one sample per segment that
+        sampled a token (:func:`segments`; all of them when none did).
+
+        Raises:
+            rollout.core.trajectory.TrajectoryError: the segments are misaligned.
+        """
+        segs = segments(episode)
+        if len(segs) == 1:
+            return segs
+        return [x for x in segs if any(x.loss_mask)] or segs
 
     def export(self, result: InteractionResult) -> list[TrainingSample]:
         return self.split(result.to_sample(self.keep_messages))
@@ -194,7 +263,7 @@ class PerTurnMode(TrajectoryMode):
         """The episode's per-turn samples.
 
         Raises:
-            rollout.core.records.TrajectoryError: the episode sample is misaligned.
+            rollout.core.trajectory.TrajectoryError: the episode sample is misaligned.
         """
         return per_turn_samples(episode, turn_records(episode))
 
@@ -208,9 +277,9 @@ class MergePrefixMode(TrajectoryMode):
         """The episode's merged samples.
 
         Raises:
-            rollout.core.records.TrajectoryError: the episode sample is misaligned.
+            rollout.core.trajectory.TrajectoryError: the episode sample is misaligned.
         """
-        return merge_prefix_samples(episode, turn_records(episode))
+        return merge_prefix_samples(episode, turn_records(episode), segments(episode)[-1].tokens)
 
 
 def episode_groups(samples: list[TrainingSample]) -> list[list[TrainingSample]]:

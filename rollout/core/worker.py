@@ -25,12 +25,13 @@ import aiohttp
 
 from rollout.core.config import EnvConfig, LoggingConfig, PolicyConfig
 from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
-from rollout.core.episode import EpisodeSettings, run_episode
+from rollout.core.episode import run_episode
 from rollout.core.eventloop import loop_kind
 from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
 from rollout.core.logs import setup_logging
 from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.core.settings import EpisodeSettings
 from rollout.core.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)

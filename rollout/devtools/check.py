@@ -44,6 +44,7 @@ from rollout.core.config import Config, ConfigError, load_config
 from rollout.core.episode import parse_request_id
 from rollout.core.export import get_exporter
 from rollout.core.records import InteractionResult, TrainingSample
+from rollout.core.sample_modes import segments
 
 logger = logging.getLogger(__name__)
 
@@ -137,37 +138,65 @@ class ExactnessReport:
 
 def id_mismatches(result: InteractionResult, calls: list[tuple[list[int], list[int], list[float]]]) -> int:
     """Token ids of the final trajectory that differ from what each request sent and got back,
-    plus generated tokens missing from the trajectory and generated positions not masked 1."""
+    plus generated tokens missing from the trajectory and generated positions not masked 1.
+
+    A trajectory of several segments (``policy.history=rerender``, a compaction) is checked
+    segment by segment: each request against the segment its ``input_ids`` share the longest
+    prefix with. The trajectory is read as it is (never validated first): a corrupted one is
+    counted, not refused."""
     traj = result.trajectory
-    tokens = traj.tokens if traj is not None else []
-    p = len(traj.prompt_ids) if traj is not None else 0
+    if traj is None:
+        return sum(len(inp) + len(out) for inp, out, _ in calls)
+    tokens, p, mask = traj.tokens, len(traj.prompt_ids), traj.loss_mask
+    cuts = [0] + [p + s for s in traj.segment_starts] + [len(tokens)]
+    segs = [tokens[a:b] for a, b in zip(cuts, cuts[1:])]
+    sampled: set[int] = set()  # response indices some request generated
     bad = 0
     for inp, out, _ in calls:
         seq = inp + out
-        bad += len(seq) - min(len(seq), len(tokens))
-        bad += sum(1 for a, b in zip(seq, tokens) if a != b)
-        for k in range(len(inp), min(len(seq), len(tokens))):
-            if traj is None or traj.loss_mask[k - p] != 1:
+        at = max(range(len(segs)), key=lambda i: _common_prefix(segs[i], seq))
+        seg, lo = segs[at], cuts[at]
+        bad += len(seq) - min(len(seq), len(seg))
+        bad += sum(1 for a, b in zip(seq, seg) if a != b)
+        for k in range(len(inp), min(len(seq), len(seg))):
+            i = lo + k - p
+            if i < 0 or mask[i] != 1:
                 bad += 1
-    if traj is not None:  # every masked position must come from some request's output
-        sampled = {k for inp, out, _ in calls for k in range(len(inp), len(inp) + len(out))}
-        bad += sum(1 for i, m in enumerate(traj.loss_mask) if m == 1 and (p + i) not in sampled)
+        sampled.update(lo + k - p for k in range(len(inp), len(seq)))
+    # every masked position must come from some request's output
+    bad += sum(1 for i, m in enumerate(mask) if m == 1 and i not in sampled)
     return bad
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def sample_id_mismatches(sample: TrainingSample, calls: list[tuple[list[int], list[int], list[float]]]) -> int:
-    """Token ids of one sample (any ``rollout.sample_mode``) that disagree with the wire: 1 when
-    its prompt is no request's ``input_ids``; for every request whose ``input_ids`` the sample's
-    tokens start with, each of its generated ids inside the sample that differs, or lies in the
-    response with mask 0; and each masked response token no such request generated."""
+    """Token ids of one sample (any ``rollout.sample_mode``, any ``policy.history``) that disagree
+    with the wire: 1 when its prompt is no request's ``input_ids``; for each of the sample's own
+    requests (those whose ``input_ids`` extend the sample's prompt and are a prefix of its tokens),
+    each of its generated ids inside the sample that differs, or is masked 0; and each masked
+    response token none of them generated.
+
+    Requests whose ``input_ids`` are shorter than the prompt are not the sample's: their ids lie in
+    its prompt, which is checked whole against the wire by the first rule (with
+    ``policy.history=rerender`` a later prompt holds the template's rendering of an earlier turn,
+    not its sampled ids, by design; :func:`id_mismatches` checks the sampled ids of every request
+    against the episode's segments)."""
     tokens, p = sample.tokens, sample.prompt_length
     bad = 0 if any(inp == tokens[:p] for inp, _, _ in calls) else 1
     sampled: set[int] = set()
     for inp, out, _ in calls:
-        if len(inp) > len(tokens) or tokens[: len(inp)] != inp:
+        if len(inp) < p or len(inp) > len(tokens) or tokens[: len(inp)] != inp:
             continue
         for k in range(len(inp), min(len(inp) + len(out), len(tokens))):
-            bad += int(tokens[k] != out[k - len(inp)]) + int(k >= p and sample.loss_mask[k - p] != 1)
+            bad += int(tokens[k] != out[k - len(inp)]) + int(sample.loss_mask[k - p] != 1)
             sampled.add(k)
     return bad + sum(1 for i, m in enumerate(sample.loss_mask) if m == 1 and (p + i) not in sampled)
 
@@ -188,6 +217,8 @@ def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict]
     while msgs and msgs[-1]["role"] != "assistant":
         msgs.pop()
     reference = traj.tokens
+    if traj.segment_starts:  # several segments: the last one is what the final messages render to
+        reference = segments(result.to_sample(messages=False))[-1].tokens
     if getattr(tokenizer, "chat_template", None) or chat is None:
         text = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False, **template_kwargs)
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -198,7 +229,7 @@ def retokenized_baseline(result: InteractionResult, tokenizer, tools: list[dict]
         while msgs and msgs[-1]["role"] == "assistant":
             msgs.pop()
         ids = list(chat.prompt_ids(msgs))
-        if traj.generation_spans:
+        if traj.generation_spans and not traj.segment_starts:
             reference = traj.tokens[: len(traj.prompt_ids) + traj.generation_spans[-1][0]]
     sm = difflib.SequenceMatcher(a=reference, b=ids, autojunk=False)
     same = sum(b.size for b in sm.get_matching_blocks())
@@ -313,6 +344,8 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
                                             samples=len(samples)))
     info["recompute_s"] = time.monotonic() - t0
     info["statuses"] = dict(collections.Counter(r.status.value for r in results))
+    info["segments"] = sum(1 + len(r.trajectory.segment_starts) for r in results if r.trajectory is not None)
+    info["compactions"] = sum(int(r.metadata.get("compactions") or 0) for r in results)
     info["sample_mode"] = str(cfg.rollout.sample_mode)
     return report, results, info
 
@@ -375,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     print(format_report(report, args.threshold))
-    print(f"episode statuses {info['statuses']}; episodes took {info['episodes_s']:.1f}s, recompute {info['recompute_s']:.1f}s")
+    print(f"episode statuses {info['statuses']}; segments {info['segments']} (history {cfg.policy.history}), compactions "
+          f"{info['compactions']} (context strategy {cfg.policy.context_strategy}); episodes took {info['episodes_s']:.1f}s, "
+          f"recompute {info['recompute_s']:.1f}s")
     ok = report.passed(args.threshold, args.min_turns, args.episodes)
     print("PASS: the trajectories are exactly what the policy sampled" if ok else "FAIL")
     return 0 if ok else 1

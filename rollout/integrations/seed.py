@@ -58,9 +58,10 @@ import aiohttp
 from rollout.core import records
 from rollout.core.config import PolicyConfig
 from rollout.core.environment import Environment
-from rollout.core.episode import EpisodeSettings, run_episode
+from rollout.core.episode import run_episode
 from rollout.core.formats import ChatFormat, TemplateError, choose_chat_format, get_chat_format
 from rollout.core.records import EpisodeSpec, EpisodeStatus
+from rollout.core.settings import EpisodeSettings
 from rollout.core.tokenizer import load_tokenizer
 from rollout.integrations.seed_args import PassthroughClient, policy_config, rollout_arg, router_url
 from rollout.integrations.seed_env import TaskEnv, make_env, resolve_task_id

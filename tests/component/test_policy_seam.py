@@ -11,10 +11,11 @@ import json
 from rollout.benchmarks.tau2.environment import Tau2Environment
 from rollout.benchmarks.tau2.user import make_user
 from rollout.core.config import load_config
-from rollout.core.episode import EpisodeSettings, run_episode
+from rollout.core.episode import run_episode
 from rollout.core.formats import DEFAULT_CHAT_FORMAT, ChatFormat, get_chat_format
 from rollout.core.policy import Generation, PolicyClient
 from rollout.core.records import EpisodeSpec, EpisodeStatus
+from rollout.core.settings import EpisodeSettings
 
 TASK_ID = "16"  # a retail task whose gold actions and communicate_info earn reward 1.0
 INTERRUPTED_TURN = 1  # this turn's first call is cut by a weight update (finish "abort", interrupted)

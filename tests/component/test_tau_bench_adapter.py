@@ -25,8 +25,9 @@ import pytest
 from rollout.benchmarks.tau2.user import STOP
 from rollout.core.config import ConfigError, load_config
 from rollout.core.environment import Action, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
-from rollout.core.episode import EpisodeSettings, run_episode
+from rollout.core.episode import run_episode
 from rollout.core.records import EpisodeSpec, EpisodeStatus
+from rollout.core.settings import EpisodeSettings
 
 STANDIN = str(Path(__file__).resolve().parents[1] / "support" / "tau_bench_standin")
 INSTALL = "pip install git+https://github.com/sierra-research/tau-bench"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,16 +95,24 @@ def test_recompute_detects_wrong_log_probs(tokenizer):
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_exactness_check_passes_on_tiny_model_episodes(tmp_path):
+@pytest.mark.parametrize("mode, history", [("trajectory", "append"), ("per_turn", "rerender"), ("merge_prefix", "rerender")])
+def test_exactness_check_passes_on_tiny_model_episodes(tmp_path, mode, history):
+    """Every sample's masked log-probs recomputed over its own tokens, in each sample mode; with
+    ``rerender`` each prompt is the template's rendering, so the episode has several segments."""
     pytest.importorskip("torch")
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     proc = subprocess.run(
         [sys.executable, "-m", "rollout.check", "exactness", "--config", "configs/local.yaml", "local.backend=tiny",
-         "--episodes", "2", f"rollout.output_dir={tmp_path}"],
+         "--episodes", "2", f"rollout.sample_mode={mode}", f"policy.history={history}", f"rollout.output_dir={tmp_path}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "episodes checked                     2 (turns per episode: min 12, max 12)" in out
     assert "token ids differing from sampled     0" in out
+    segments = int(re.search(r"segments (\d+) \(history (\w+)\)", out).group(1))
+    assert (segments == 2) if history == "append" else (segments > 2), out
+    samples = int(re.search(r"samples checked +(\d+)", out).group(1))
+    # one per episode; one per turn; turns merged while the rendering extends the sample
+    assert {"trajectory": samples == 2, "per_turn": samples == 24, "merge_prefix": 2 < samples < 24}[mode], out
     assert "re-tokenizing baseline (contrast)" in out and "PASS" in out

@@ -60,6 +60,22 @@ def test_the_main_job_in_each_sample_mode(tmp_path, tasks):
         t = traj[x["metadata"]["episode_id"]]
         assert (x["tokens"], x["loss_mask"], x["rollout_log_probs"]) == (t["tokens"], t["loss_mask"], t["rollout_log_probs"])
         assert x["metadata"]["sample_splits"] == 0
+    # policy.history=rerender (each prompt the template's rendering of the conversation so far):
+    # the same turns sampled, token for token, and every handed-out sample is one sequence
+    for mode in ("per_turn", "merge_prefix"):
+        out = tmp_path / f"{mode}_rerender"
+        _run(out, tasks, f"rollout.sample_mode={mode}", "policy.history=rerender", *(["pool.num_actors=1"] if tasks == TASKS else []))
+        lines = _lines(out / "samples.jsonl")
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["history"] == "rerender" and summary["samples"] == len(lines)
+        assert all(x["reward"] == 1.0 and x["status"] == "completed" and "segment_starts" not in x for x in lines)
+        assert sum(sum(x["loss_mask"]) for x in lines) == masked["trajectory"], mode
+        if mode == "per_turn":
+            assert len(lines) == turns
+
+            def responses(rows):
+                return sorted((x["metadata"]["episode_id"], x["metadata"]["turn_indices"][0], x["tokens"][-x["response_length"]:]) for x in rows)
+            assert responses(lines) == responses(samples["per_turn"])
 
 
 @pytest.mark.slow

@@ -90,9 +90,10 @@ def test_every_update_but_the_last_interrupts_the_next_steps_generation(tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_grpo_example_trains_on_per_turn_samples(tmp_path):
-    """rollout.sample_mode=per_turn: every sample of a group's episodes is trained with its
-    episode's advantage; the log-probs of every per-turn sample (its own tokens, the weights that
-    sampled each token) match, and every episode is delivered once."""
+    """rollout.sample_mode=per_turn over a re-rendered history (policy.history=rerender): every
+    sample of a group's episodes is trained with its episode's advantage; the log-probs of every
+    per-turn sample (its own tokens, the weights that sampled each token) match, and every episode
+    is delivered once."""
     pytest.importorskip("torch")
     out = tmp_path / "grpo"
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
@@ -100,7 +101,7 @@ def test_the_grpo_example_trains_on_per_turn_samples(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--config", "configs/local.yaml", "local.backend=tiny", "--steps", "2", "--groups-per-step", "1",
          "env.task_ids=[10,25]", "rollout.n_samples_per_task=2", "policy.sampling.max_new_tokens=64", "pool.num_actors=1",
-         "pool.ray_address=local", "rollout.sample_mode=per_turn", f"rollout.output_dir={out}"],
+         "pool.ray_address=local", "rollout.sample_mode=per_turn", "policy.history=rerender", f"rollout.output_dir={out}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

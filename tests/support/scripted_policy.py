@@ -1,6 +1,7 @@
 """A scripted SGLang-protocol policy server for tests: answers /generate from a Python function.
 
-The function gets ``(episode_id, step, input_ids)`` and returns ``(text, finish)`` where finish
+The function gets ``(episode_id, step, input_ids)`` (``step`` is -1 for a request that is not an
+episode's turn, e.g. a context strategy's summary) and returns ``(text, finish)`` where finish
 is ``"eos"`` (the text is followed by the tokenizer's EOS id, or the ``eot_ids`` given, as a
 model ending its turn),
 ``"stop"`` (ended on a stop string: no EOS) or ``"length"``. Log-probs are made up but distinct
@@ -23,7 +24,10 @@ class ScriptedPolicyServer:
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
-        eid, _, step = parse_request_id(body["rid"])
+        try:
+            eid, _, step = parse_request_id(body["rid"])
+        except ValueError:  # not an episode's turn
+            eid, step = body["rid"], -1
         text, finish = self.script(eid, step, body["input_ids"])
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if finish == "eos":

@@ -3,7 +3,7 @@
 import pytest
 
 from rollout.core.formats import ChatTemplate, TemplateError
-from rollout.core.records import Trajectory
+from rollout.core.trajectory import Trajectory
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look up an order.",
           "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}}]

@@ -54,7 +54,7 @@ def test_the_schema_declares_the_closed_choices_as_enums():
     assert keys == {
         "env.user.kind", "env.evaluator", "policy.on_parse_error", "policy.on_length", "local.backend",
         "logging.level", "logging.tau2_level", "rollout.partial_rollout", "rollout.on_stale", "rollout.filter_groups",
-        "rollout.on_group_failure", "rollout.sample_mode", "pool.event_loop", "local.event_loop",
+        "rollout.on_group_failure", "rollout.sample_mode", "pool.event_loop", "local.event_loop", "policy.history",
     }
     assert [k for k, _, nullable in CHOICES if nullable] == ["rollout.filter_groups"]
     assert EventLoop.values() == EVENT_LOOPS  # one list of loops (rollout.core.eventloop's)
@@ -62,8 +62,10 @@ def test_the_schema_declares_the_closed_choices_as_enums():
 
 @pytest.mark.parametrize("key, choice, nullable", CHOICES, ids=[k for k, _, _ in CHOICES])
 def test_every_value_is_accepted_and_anything_else_is_refused_naming_the_key_and_the_values(key, choice, nullable):
+    # (the llm user needs a model; policy.history=rerender a sample mode other than trajectory)
+    rule = ["env.user.model=m", "rollout.sample_mode=per_turn"] if key != "rollout.sample_mode" else ["env.user.model=m"]
     for value in choice.values():
-        got = _get(load_config(None, [*LOCAL, "env.user.model=m", f"{key}={value}"]), key)  # (the llm user needs a model)
+        got = _get(load_config(None, [*LOCAL, *rule, f"{key}={value}"]), key)
         assert got == value and isinstance(got, choice) and got is choice(value)
     with pytest.raises(ConfigError) as e:
         load_config(None, [*LOCAL, f"{key}=bogus"])

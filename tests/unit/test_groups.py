@@ -15,9 +15,8 @@ from rollout.core.records import (
     EpisodeStatus,
     InteractionResult,
     TrainingSample,
-    Trajectory,
-    TrajectoryError,
 )
+from rollout.core.trajectory import Trajectory, TrajectoryError
 
 POLICY = TrainingPolicy(frozenset(DEFAULT_TRAIN_STATUSES))
 

@@ -12,12 +12,13 @@ import time
 import pytest
 
 from rollout.core.environment import RESPOND
-from rollout.core.episode import EpisodeSettings, run_episode
+from rollout.core.episode import run_episode
 from rollout.core.formats import ChatTemplate
 from rollout.core.metrics import UNSET, EpisodeMetrics
 from rollout.core.output import RunStats
 from rollout.core.policy import Generation
 from rollout.core.records import EpisodeSpec, EpisodeStatus, TrainingSample
+from rollout.core.settings import EpisodeSettings
 
 # run_episode's metadata keys, in order, as recorded before EpisodeMetrics (the JSON of samples.jsonl).
 COUNTS = ["turns", "requests", "parse_errors", "turn_boundary_repairs", "length_finishes", "tool_errors", "interruptions",

@@ -12,7 +12,6 @@ import logging
 import pytest
 
 from rollout.core.config import load_config
-from rollout.core.export import TrajectoryExporter
 from rollout.core.groups import Rerun
 from rollout.core.pool.ledger import POOL_COUNTERS, EpisodeLedger
 from rollout.core.pool.specs import make_specs
@@ -20,16 +19,15 @@ from rollout.core.pool.streams import FILTERED_WARN_EVERY, Feed, TrainingStreams
 from rollout.core.records import EpisodeStatus, InteractionResult
 
 
-class CountingExporter(TrajectoryExporter):
-    """The trajectory exporter, counting its calls."""
+class CountingToSample:
+    """InteractionResult.to_sample (the ledger's default), counting its calls."""
 
     def __init__(self):
-        super().__init__(keep_messages=True)
         self.calls = 0
 
-    def export(self, result):
+    def __call__(self, result):
         self.calls += 1
-        return super().export(result)
+        return result.to_sample()
 
 
 class FakeJournal:
@@ -50,7 +48,7 @@ def _result(spec, reward=1.0, status=EpisodeStatus.COMPLETED, **meta) -> Interac
 
 
 def test_the_ledger_refuses_repeats_counts_deliveries_and_hands_back_only_the_undelivered():
-    ledger = EpisodeLedger(CountingExporter())
+    ledger = EpisodeLedger(CountingToSample())
     specs = make_specs("retail", ["0", "1"], 2, prefix="b0:")
     ledger.check_new(specs)
     ledger.register(specs)
@@ -76,10 +74,10 @@ def test_the_ledger_refuses_repeats_counts_deliveries_and_hands_back_only_the_un
 
 
 def test_restore_replays_the_delivered_in_order_and_returns_the_undelivered_and_their_reruns():
-    ledger = EpisodeLedger(CountingExporter())
+    ledger = EpisodeLedger(CountingToSample())
     specs = make_specs("retail", ["0", "1"], 2, prefix="b0:")
     done = [ledger.deliver(_result(s)).sample for s in specs[:3]]  # samples as a journal holds them
-    fresh = EpisodeLedger(CountingExporter())
+    fresh = EpisodeLedger(CountingToSample())
     replayed = []
 
     def replay(sample):  # member 1 of group 0 asks for a re-run
@@ -103,7 +101,7 @@ class HandFeed:
     """A pool stand-in: each submitted task's episodes end at once with the reward ``reward_of(task_id, index)``."""
 
     def __init__(self, reward_of):
-        self.ledger = EpisodeLedger(TrajectoryExporter())
+        self.ledger = EpisodeLedger()
         self.queue: collections.deque[InteractionResult] = collections.deque()
         self.reward_of = reward_of
         self.batches = itertools.count()
@@ -124,7 +122,7 @@ class HandFeed:
 def test_a_journaled_delivery_is_exported_once_and_the_streams_get_the_same_sample():
     """With a journal attached, each delivered result becomes a TrainingSample once: the journal
     records it and the groups hand out that same object."""
-    exporter = CountingExporter()
+    exporter = CountingToSample()
     ledger = EpisodeLedger(exporter)
     journal = FakeJournal()
     ledger.attach_journal(journal)

@@ -3,7 +3,8 @@ import array
 import numpy as np
 import pytest
 
-from rollout.core.records import Batch, EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory, TrajectoryError
+from rollout.core.records import Batch, EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.core.trajectory import Trajectory, TrajectoryError
 
 
 def test_trajectory_keeps_tokens_mask_logprobs_aligned():
@@ -129,7 +130,12 @@ def test_training_sample_to_dict_is_asdict_with_new_containers():
                        group_id="g", sample_index=1, metadata={"nested": {"a": [1, 2]}, "x": 1.5}, weight_versions=["0", None],
                        generation_spans=[[0, 1]])
     d = s.to_dict()
-    assert d == dataclasses.asdict(s) and list(d) == [f.name for f in dataclasses.fields(s)]
+    # segment_starts is written only for an episode record of several segments (a trajectory
+    # line stays what it was before segments existed)
+    whole = dataclasses.asdict(s)
+    assert whole.pop("segment_starts") == [] and d == whole and list(d) == [f.name for f in dataclasses.fields(s)][:-1]
+    segmented = dataclasses.replace(s, segment_starts=[1])
+    assert segmented.to_dict() == dataclasses.asdict(segmented) and TrainingSample.from_dict(segmented.to_dict()) == segmented
     d["tokens"].append(9)
     d["metadata"]["nested"]["a"].append(3)
     d["generation_spans"][0].append(7)

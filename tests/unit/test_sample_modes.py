@@ -16,8 +16,9 @@ from rollout.core.output import RunWriter, read_samples
 from rollout.core.pool.ledger import EpisodeLedger
 from rollout.core.pool.specs import make_specs
 from rollout.core.pool.streams import Feed, TrainingStreams
-from rollout.core.records import Batch, EpisodeSpec, EpisodeStatus, InteractionResult, Trajectory
+from rollout.core.records import Batch, EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.core.sample_modes import TurnRecord, merge_prefix_samples, turn_records
+from rollout.core.trajectory import Trajectory
 
 EOT, TOOL, USER = [99], [50, 51], [60, 61]
 
@@ -122,7 +123,7 @@ def test_sample_mode_is_a_validated_choice():
 
 def _streams(mode: str, rewards: dict[int, float]):
     cfg = load_config(None, ["policy.router_url=http://127.0.0.1:9", "rollout.n_samples_per_task=2", f"rollout.sample_mode={mode}"])
-    ledger = EpisodeLedger(get_exporter("trajectory"))
+    ledger = EpisodeLedger()
     specs = make_specs("retail", ["0"], 2, prefix="b0:")
     todo = collections.deque(record(s, reward=rewards[s.sample_index])[0] for s in specs)
     streams = TrainingStreams(cfg, Feed(next_delivery=lambda t: ledger.deliver(todo.popleft()) if todo else None,

@@ -103,7 +103,7 @@ class TemplateReport:
             (``"\\n"`` for Qwen3); it opens every delta.
         prefix_stable: per case, whether rendering the history alone is a prefix of rendering it
             with the next message (``False`` is expected for Qwen3 after a thinking turn: that is
-            why history is never re-rendered).
+            why the append history never re-renders).
         delta_independent: per case, whether the delta of a message is the same whatever the
             previous assistant turn contained (required: False is fatal).
         canonical_boundary: per case, whether tokenizing the delta on its own gives the same ids as
@@ -147,12 +147,14 @@ class TemplateReport:
 @runtime_checkable
 class ChatFormat(Protocol):
     """One model family's chat format, bound to a tokenizer and the environment's tools: what the
-    episode loop and the worker use (docs/design.md invariant 1, "history is never re-rendered").
+    episode loop and the worker use (docs/design.md invariant 1).
 
     The loop builds the trajectory append-only: :meth:`prompt_ids` once, then per assistant turn
     the generated ids as sampled (mask 1), :attr:`eot_ids` when the turn did not end with them
     (:meth:`ends_turn` is False: a turn-boundary repair, mask 0), and :meth:`delta_ids` of the
-    messages that answer it (mask 0). It decodes a turn with :meth:`decode` and reads it with
+    messages that answer it (mask 0); with ``policy.history=rerender`` (or after a compaction) it
+    renders the whole conversation with :meth:`prompt_ids` instead. It decodes a turn with
+    :meth:`decode` and reads it with
     :meth:`parse_turn`. Blocking methods (rendering, encoding, decoding) are called in threads;
     the ``try_*_now`` ones on the event loop, so they must never wait (return None instead). A
     format is shared by an actor's episodes and its threads: it must be thread-safe.
@@ -170,8 +172,15 @@ class ChatFormat(Protocol):
     call_hint: str
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the first prompt: ``messages`` (system and first user turn), the tools and the
-        generation prompt. Blocking."""
+        """Ids of ``messages`` rendered whole, with the tools and the generation prompt: the first
+        prompt (system and first user turn), and with ``policy.history=rerender`` or after a
+        compaction the conversation so far (assistant turns as OpenAI messages with
+        ``tool_calls`` and ``reasoning_content``, tool results, user turns; extra keys the loop
+        marks messages with are ignored). Blocking.
+
+        Raises:
+            TemplateError: the format cannot render them.
+        """
         ...
 
     def delta_ids(self, messages: list[dict]) -> list[int]:

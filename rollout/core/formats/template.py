@@ -182,7 +182,8 @@ class ChatTemplate:
         return self._codec is not None
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the first prompt: ``messages`` (system and first user turn) + generation prompt.
+        """Ids of ``messages`` rendered whole + the generation prompt: the first prompt (system and
+        first user turn), or with ``policy.history=rerender`` the conversation so far.
 
         Every episode of a domain opens with the same system prompt and tool schemas (about 5k
         tokens on tau-bench) and differs from the turn of its last message on. That shared text
@@ -215,12 +216,20 @@ class ChatTemplate:
 
     def _prompt_cut(self, text: str, messages: list[dict]) -> int:
         """Where :meth:`prompt_ids` cuts ``text``: the start of the last cut token (a special
-        token that does not strip on its left) in the 256 characters before the last message's
-        content; 0 when there is none."""
-        content = messages[-1].get("content") if messages else None
+        token that does not strip on its left) in the 256 characters before the content of the
+        message after the system message (the last message of a first prompt; the user's opening
+        of a whole conversation, ``policy.history=rerender``, so the shared system prompt and tools
+        are the cached part either way); 0 when there is none."""
+        whole = len(messages) > 2 and messages[0].get("role") == "system"
+        content = (messages[1] if whole else messages[-1]).get("content") if messages else None
         if not isinstance(content, str) or not content or not self._cut_tokens:
             return 0
-        pos = text.rfind(content)
+        if whole:
+            system = messages[0].get("content")
+            at = text.find(system) if isinstance(system, str) and system else -1
+            pos = text.find(content, at + len(system)) if at >= 0 else -1
+        else:
+            pos = text.rfind(content)
         if pos <= 0:
             return 0
         lo = max(0, pos - 256)

@@ -13,7 +13,6 @@ import collections
 import dataclasses
 from typing import Callable, Iterable
 
-from rollout.core.export import SampleExporter
 from rollout.core.groups import Rerun, rerun_episode_id
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
@@ -26,21 +25,26 @@ POOL_COUNTERS = ("episodes_submitted", "episodes_delivered", "episodes_restored"
 
 
 class Delivery:
-    """One delivered episode: its ``result``, and its training ``sample`` (made once, on first
-    use, by the ledger's sample exporter: one sample per episode, the ``trajectory`` mode)."""
+    """One delivered episode: its ``result``, and its *episode sample* (made once, on first use,
+    by the ledger's ``to_sample``: :meth:`InteractionResult.to_sample`, one per episode, the record
+    the journal keeps and the training streams split by ``rollout.sample_mode``)."""
 
-    __slots__ = ("result", "_exporter", "_sample")
+    __slots__ = ("result", "_to_sample", "_sample")
 
-    def __init__(self, result: InteractionResult, exporter: SampleExporter):
+    def __init__(self, result: InteractionResult, to_sample: Callable[[InteractionResult], TrainingSample]):
         self.result = result
-        self._exporter = exporter
+        self._to_sample = to_sample
         self._sample: TrainingSample | None = None
 
     @property
     def sample(self) -> TrainingSample:
-        """The episode's training sample (the same object on every use)."""
+        """The episode's sample (the same object on every use).
+
+        Raises:
+            rollout.core.trajectory.TrajectoryError: the episode's record is misaligned.
+        """
         if self._sample is None:
-            [self._sample] = self._exporter.export(self.result)
+            self._sample = self._to_sample(self.result)
         return self._sample
 
 
@@ -48,16 +52,18 @@ class EpisodeLedger:
     """Exactly-once bookkeeping of one pool (see the module docstring).
 
     Args:
-        exporter: turns a delivered result into its training sample (the sample-export seam,
-            :mod:`rollout.core.export`).
+        to_sample: turns a delivered result into its episode sample
+            (:meth:`InteractionResult.to_sample`, the default; the pool passes
+            ``rollout.keep_messages`` to it). The sample modes cut it later, where samples are
+            handed out (:mod:`rollout.core.pool.streams`, :mod:`rollout.core.sample_modes`).
 
     Attributes:
         counts: the episode counters (every key of :data:`POOL_COUNTERS` and ``status_<status>``
             for every :class:`~rollout.core.records.EpisodeStatus`, 0 until counted).
     """
 
-    def __init__(self, exporter: SampleExporter):
-        self._exporter = exporter
+    def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample):
+        self._to_sample = to_sample
         self._submitted: set[str] = set()
         self._delivered: set[str] = set()
         self._restored: set[str] = set()
@@ -130,7 +136,7 @@ class EpisodeLedger:
             c["episodes_continued"] += 1
         if m.restarted_turns:
             c["episodes_restarted"] += 1
-        d = Delivery(result, self._exporter)
+        d = Delivery(result, self._to_sample)
         if journal and self._journal is not None:
             self._journal.record(d.sample)
         return d

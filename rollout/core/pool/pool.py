@@ -57,7 +57,6 @@ from typing import Any, Iterable, Iterator
 
 from rollout.core.config import Config
 from rollout.core.eventloop import ray_env_vars
-from rollout.core.export import get_exporter
 from rollout.core.groups import Excluded, Rerun, TrainingPolicy
 from rollout.core.pool.actors import ActorSet, RemoteRolloutWorker  # noqa: F401  (re-exported)
 from rollout.core.pool.aio import AsyncPoolAPI
@@ -94,7 +93,8 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             raise ValueError("policy.router_url must be resolved before starting the pool")
         self.cfg = cfg
         self._actors = ActorSet(cfg)
-        self._ledger = EpisodeLedger(get_exporter("trajectory", keep_messages=cfg.rollout.keep_messages))
+        keep = cfg.rollout.keep_messages
+        self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep))
         self._weights = WeightSync(cfg, self._actors, healthy=lambda: self._scheduler.healthy())
         self._scheduler = Scheduler(cfg.pool, self._actors, self._ledger, on_actor_back=self._weights.actor_back)
         self._streams = TrainingStreams(cfg, Feed(next_delivery=self._scheduler.next_delivery, resubmit=self._resubmit,

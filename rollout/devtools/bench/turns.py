@@ -481,7 +481,7 @@ def measure_gc(ids: list[int], n_trajectories: int, repeat: int) -> dict[str, An
     """
     import gc
 
-    from rollout.core.records import Trajectory
+    from rollout.core.trajectory import Trajectory
 
     cut = min(6000, len(ids) // 2)
 
