@@ -56,6 +56,7 @@ status stays in ``metadata["status"]``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import threading
@@ -65,7 +66,9 @@ from typing import Any
 
 from rollout.benchmarks.tau2.environment import Tau2Domain, ToolSandbox
 from rollout.core import records
+from rollout.core.choices import SampleMode
 from rollout.core.config import Config, load_config
+from rollout.core.export import get_exporter
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus, TrainingSample
 from rollout.integrations.seed import SeedResult, TrainableAgent, make_env
 
@@ -102,20 +105,31 @@ def slime_status(status: EpisodeStatus | str) -> str:
 
 
 def _as_training_sample(sample: Any) -> tuple[TrainingSample, str, str]:
-    """``(training sample, prompt text, response text)`` of any of our sample shapes."""
+    """``(training sample, prompt text, response text)`` of any of our sample shapes.
+
+    Raises:
+        TypeError: none of those shapes.
+        ValueError: a malformed record, or an episode of several segments (``policy.history=rerender``,
+            a compaction), which is no one sequence: split it first.
+    """
     if isinstance(sample, TrainingSample):
-        return sample, "", ""
-    if isinstance(sample, SeedResult):
-        return sample.to_sample(), sample.prompt, sample.response
-    if isinstance(sample, records.InteractionResult):
-        return sample.to_sample(), "", ""
-    if isinstance(sample, Mapping):
+        out = sample, "", ""
+    elif isinstance(sample, SeedResult):
+        out = sample.to_sample(), sample.prompt, sample.response
+    elif isinstance(sample, records.InteractionResult):
+        out = sample.to_sample(), "", ""
+    elif isinstance(sample, Mapping):
         try:
-            return TrainingSample.from_dict(dict(sample)), "", ""
+            out = TrainingSample.from_dict(dict(sample)), "", ""
         except TypeError as e:
             raise ValueError(f"not a samples.jsonl record: {e}") from None
-    raise TypeError(f"cannot convert {type(sample).__name__} to slime's Sample: pass a TrainingSample, an InteractionResult, "
-                    "asolve's SeedResult or a samples.jsonl record")
+    else:
+        raise TypeError(f"cannot convert {type(sample).__name__} to slime's Sample: pass a TrainingSample, an InteractionResult, "
+                        "asolve's SeedResult or a samples.jsonl record")
+    if out[0].segment_starts:
+        raise ValueError(f"episode {out[0].episode_id or '?'} has {len(out[0].segment_starts) + 1} segments (a re-rendered or "
+                         "compacted history): convert the samples of rollout.core.export.get_exporter(mode).split(...) one by one")
+    return out
 
 
 def slime_fields(sample: Any, *, train_statuses: Iterable[str] = DEFAULT_TRAIN_STATUSES, index: int | None = None,
@@ -330,7 +344,15 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     Returns:
         ``sample``, filled in place with :func:`slime_fields` (its ``prompt``, ``index``,
         ``group_index`` and ``session_id`` are left as slime set them; a sample that comes back
-        from an aborted partial rollout is run again from the start).
+        from an aborted partial rollout is run again from the start), with
+        ``rollout.sample_mode=trajectory`` and ``policy.context_strategy=none`` (one sequence per
+        episode, the seed's shape). Otherwise (``per_turn``, ``merge_prefix``, or a context
+        strategy that may cut an episode into segments) always a list, in turn order: ``sample``
+        first and deep copies of it after, each filled with one of the episode's samples, each
+        with the episode's reward. slime's ``generate_and_rm`` takes a list from a custom generate
+        function (its comment: "multi-turn agent rollouts that fan out into multiple prefix-chained
+        samples"); the shape is the same for every sample of a run, so slime's groups are all
+        lists or all samples.
 
     Raises:
         ValueError, KeyError, IndexError: the sample names no task of the domain, or ``args``
@@ -353,5 +375,10 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
                              group_id=None if getattr(sample, "group_index", None) is None else str(sample.group_index),
                              sample_index=int(getattr(sample, "index", None) or 0),
                              timeout_s=cfg.pool.episode_timeout_s)
-    fields = slime_fields(res, train_statuses=cfg.rollout.train_statuses)
-    return fill_sample(sample, fields, skip=_IDENTITY)
+    if cfg.rollout.sample_mode == SampleMode.TRAJECTORY and cfg.policy.context_strategy == "none":  # one sequence: the seed's shape
+        return fill_sample(sample, slime_fields(res, train_statuses=cfg.rollout.train_statuses), skip=_IDENTITY)
+    parts = get_exporter(cfg.rollout.sample_mode, keep_messages=cfg.rollout.keep_messages).split(res.to_sample())
+    out = [sample] + [copy.deepcopy(sample) for _ in parts[1:]]
+    for target, part in zip(out, parts):
+        fill_sample(target, slime_fields(part, train_statuses=cfg.rollout.train_statuses), skip=_IDENTITY)
+    return out

@@ -157,3 +157,34 @@ async def test_generate_is_a_drop_in_for_the_seeds_slime_generate(retail_stack, 
     assert len(sample.loss_mask) == len(sample.rollout_log_probs) == sample.response_length > 0
     assert sample.remove_sample is False and sample.metadata["task_id"] == task_id
     assert sample.metadata["episode_id"] == "slime-session-1" and sample.weight_versions
+
+
+@pytest.mark.slow
+async def test_generate_fans_an_episode_out_into_one_slime_sample_per_turn(retail_stack, retail, monkeypatch, tmp_path):
+    """rollout.sample_mode=per_turn over a re-rendered history: generate returns a list (slime's
+    fan-out shape), the slime sample first, one per assistant turn, each exactly one turn's prompt
+    and sampled ids with the episode's reward; the loss-masked tokens are the episode's."""
+    config = tmp_path / "slime.yaml"
+    config.write_text("rollout:\n  sample_mode: per_turn\npolicy:\n  history: rerender\n")
+    monkeypatch.setenv(slime.CONFIG_ENV, str(config))
+    host, port = retail_stack.router_url.rsplit(":", 1)
+    args = argparse.Namespace(sglang_router_ip=host.split("://", 1)[1], sglang_router_port=int(port), hf_checkpoint="builtin:qwen3",
+                              rollout_max_context_len=None, partial_rollout=False)
+    task_id = retail.task_ids("base")[3]
+    sample = StandInSample(prompt=task_id, index=12, group_index=1, session_id="slime-session-2")
+    out = await generate(args, sample, dict(SAMPLING))
+    assert isinstance(out, list) and out[0] is sample and len(out) == sample.metadata["turns"] > 1
+    assert [x.metadata["turn_indices"] for x in out] == [[i] for i in range(len(out))]
+    for x in out:
+        assert x.status is StandInSample.Status.COMPLETED and x.reward == 1.0 and not x.remove_sample
+        assert (x.prompt, x.index, x.group_index, x.session_id) == (task_id, 12, 1, "slime-session-2")
+        assert x.loss_mask == [1] * x.response_length and len(x.rollout_log_probs) == x.response_length > 0
+    assert len({id(x.metadata) for x in out}) == len(out)  # copies, not one object filled again
+
+
+def test_an_episode_of_several_segments_is_refused_whole(tmp_path):
+    segmented = TrainingSample(tokens=[1, 2, 3, 4, 5, 6], response_length=5, loss_mask=[1, 0, 0, 1, 0], rollout_log_probs=[-0.1, 0, 0, -0.2, 0],
+                               reward=1.0, status="completed", weight_versions=["0", "0"], generation_spans=[[0, 1], [3, 4]],
+                               segment_starts=[1], metadata={"episode_id": "e"}, group_id="g", sample_index=0)
+    with pytest.raises(ValueError, match="2 segments"):
+        to_slime(segmented)
