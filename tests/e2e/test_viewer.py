@@ -73,6 +73,16 @@ def run_b(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def run_c(tmp_path_factory) -> Path:
+    """Airline task 2 with gold replay grows past a 6000-token context: drop_tool_results compacts
+    it twice, so its episode sample has three segments (tests/e2e/test_context_cli.py)."""
+    out = tmp_path_factory.mktemp("viewer") / "compacted"
+    _cli_run(out, "env.domain=airline", "env.task_ids=[2]", "rollout.n_samples_per_task=1", "policy.max_context_tokens=6000",
+             "policy.context_headroom_tokens=256", "policy.context_strategy=drop_tool_results")
+    return out
+
+
 @contextlib.contextmanager
 def viewer(log: Path, *args: str):
     """``python -m rollout view ARGS --port 0`` on 127.0.0.1; yields ``(url, process)``; stops the
@@ -179,6 +189,7 @@ def _wait_rows(page, n: int) -> None:
     page.wait_for_function(f"document.querySelectorAll('#episodes tbody tr').length === {n}", timeout=30000)
 
 
+V_HASH = "#/episode/a/{id}/{tab}"
 TOKEN_COLOURS = """() => {
   const bg = (sel) => getComputedStyle(document.querySelector(sel)).backgroundColor;
   const legend = {p: bg('.legend .tok.p'), m0: bg('.legend .tok.m0'), m1: bg('.legend .tok.m1')};
@@ -209,9 +220,10 @@ def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(r
         page.click('#episodes th[data-key="turns"]')  # descending
         turns = page.eval_on_selector_all('#episodes tbody td[data-col="turns"]', "cells => cells.map(c => Number(c.textContent))")
         assert turns == sorted((s["metadata"]["turns"] for s in samples.values()), reverse=True)
-        _shot(page, tmp_path, "viewer-episodes.png")
+        bottom = page.evaluate("document.querySelector('#episodes').getBoundingClientRect().bottom")
+        _shot(page, tmp_path, "viewer-episodes.png", clip={"x": 0, "y": 0, "width": 1400, "height": min(900, bottom + 16)})
 
-        eid = stopped[0]
+        eid = sorted(e for e, s in samples.items() if s["status"] == "completed")[0]
         sample = samples[eid]
         page.click(f'#episodes tbody tr[data-id="{eid}"]')
         page.wait_for_selector("#conversation")
@@ -223,7 +235,10 @@ def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(r
         users = [m["content"] for m in sample["messages"] if m["role"] == "user"]
         assert page.eval_on_selector_all('#conversation [data-role="user"] pre', "ps => ps.map(p => p.textContent)") == users
         reward = page.inner_text("#reward")
-        assert "max_steps" in reward and re.search(r"reward\s+0\b", reward), reward
+        info = sample["metadata"]["reward_info"]
+        actions = info["action_match"]
+        assert re.search(r"reward\s+1\b", reward) and re.search(r"DB check \(db_match\)\s+✓ yes", reward), reward
+        assert f"breakdown: DB\t{info['reward_breakdown']['DB']:g}" in reward and f"gold actions matched\t{sum(actions)} of {len(actions)}" in reward, reward
         _shot(page, tmp_path, "viewer-conversation.png")
 
         page.click("#tab-tokens")
@@ -350,4 +365,37 @@ def test_a_grpo_folder_opens_on_its_train_log_plotted_by_step(browser, tmp_path)
         assert shown == [(x["step"], x[k]) for k in ("reward_mean", "groups_filtered", "max_abs_logprob_diff") for x in lines]
         ys = page.eval_on_selector_all("#trainlog svg.plot:first-of-type circle", "cs => cs.map(c => Number(c.getAttribute('cy')))")
         assert ys[0] > ys[1] > ys[2]  # the reward mean rises: up the plot (SVG y grows downwards)
+        assert errors == []
+
+
+def test_an_episode_of_several_segments_shows_each_segment_as_the_trainer_gets_it(run_c, browser, tmp_path):
+    [episode] = _lines(run_c / "episodes.jsonl")
+    samples = _lines(run_c / "samples.jsonl")  # trajectory mode: one sample per segment
+    starts = episode["segment_starts"]
+    assert len(starts) >= 1 and len(samples) == len(starts) + 1
+    eid = episode["metadata"]["episode_id"]
+    with viewer(tmp_path / "viewer.log", str(run_c)) as (url, _):
+        page, errors = _page(browser, url + V_HASH.format(id=urllib.parse.quote(eid, safe=""), tab="tokens"))
+        page.wait_for_selector("#tokens .toks .tok", state="attached")
+        starts_shown = page.eval_on_selector_all("#tokens table.segments tr td:nth-child(2)", "ts => ts.map(t => Number(t.textContent))")
+        p = len(episode["tokens"]) - episode["response_length"]
+        assert starts_shown == [-p, *starts]
+        # the tokens between the segment marks, read back from the page, are the trainer's samples
+        pieces = page.evaluate("""() => {
+          const out = [[]];
+          for (const el of document.querySelectorAll('#tokens .toks .segmark, #tokens .toks .tok')) {
+            if (el.classList.contains('segmark')) out.push([]);
+            else out[out.length - 1].push(Number(/ id (\\d+)/.exec(el.title)[1]));
+          }
+          return out;
+        }""")
+        assert pieces == [s["tokens"] for s in samples]
+        toks = page.evaluate(TOKEN_COLOURS)
+        colour = {toks["legend"]["m1"]: 1, toks["legend"]["m0"]: 0}
+        assert [colour.get(bg) for _, bg, _ in toks["toks"][p:]] == episode["loss_mask"]
+        page.eval_on_selector("#tokens .segmark", "m => m.scrollIntoView({block: 'center'})")
+        _shot(page, tmp_path, "viewer-segments.png")
+        page.goto(url + "#/episodes")
+        _wait_rows(page, 1)
+        assert page.inner_text('#episodes td[data-col="segments"]') == str(len(samples))
         assert errors == []

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import yaml
 
-from rollout.app.viewer.tail import JsonlTail, TailLine, read_line_at
+from rollout.app.viewer.tail import JsonlTail, TailLine, TailRead, read_line_at
 from rollout.core.journal import EPISODES_FILE, SPECS_FILE, STATE_FILE
 from rollout.core.records import DEFAULT_TRAIN_STATUSES
 
@@ -187,6 +187,13 @@ class RunIndex:
         self.epoch += 1  # a page that saw another epoch drops its rows and asks for all of them
 
     # -- refreshing ------------------------------------------------------------------------------
+    @staticmethod
+    def _digest(value: dict[str, Any]) -> tuple[EpisodeRow, str | None]:
+        """What the index keeps of a sample line: its row and ``metadata.excluded_reason``."""
+        meta = value.get("metadata") or {}
+        reason = meta.get("excluded_reason") if isinstance(meta, dict) else None
+        return row_from_sample(value, 0), str(reason) if reason else None
+
     def refresh(self) -> bool:
         """Read what was appended to the run's files since the last call.
 
@@ -197,10 +204,10 @@ class RunIndex:
             OSError: a file of the run exists but cannot be read.
         """
         with self._lock:
-            reads = {n: t.read_new() for n, t in self._tails.items()}
+            reads = self._read_all()
             if any(r.reset for r in reads.values()):  # the run was replaced: start again
                 self._reset()
-                reads = {n: t.read_new() for n, t in self._tails.items()}
+                reads = self._read_all()
             self.skipped_lines += sum(r.skipped for r in reads.values())
             rev = self.revision + 1
             changed = False
@@ -221,9 +228,14 @@ class RunIndex:
                 self.revision = rev
             return changed
 
+    def _read_all(self) -> dict[str, TailRead]:
+        samples = (EPISODES_FILE, *RESULT_FILES)
+        return {n: t.read_new(self._digest if n in samples else None) for n, t in self._tails.items()}
+
     def _add_journal(self, line: TailLine, rev: int) -> bool:
         ref = LineRef(EPISODES_FILE, line.offset, line.length)
-        row = row_from_sample(line.value, len(self._rows))
+        row, _ = line.value
+        row.order = len(self._rows)
         old = self._rows.get(row.episode_id)
         if old is not None and old.journal is not None:
             return False  # journaled again by a resumed session: the first one counts
@@ -234,17 +246,18 @@ class RunIndex:
         return True
 
     def _add_result(self, name: str, line: TailLine, rev: int) -> bool:
-        meta = line.value.get("metadata") or {}
-        eid = str(meta.get("episode_id", ""))
+        new, reason = line.value
+        eid = new.episode_id
         row = self._rows.get(eid)
         if row is None:  # no journal line: the row comes from the result file
-            row = row_from_sample(line.value, len(self._rows))
+            row = new
+            row.order = len(self._rows)
             self._rows[eid] = row
         elif row.journal is None and row.results and row.results[-1].file == name:
-            row.tokens += len(line.value.get("tokens") or [])  # another sample of the same episode
-            row.generated += int(sum(line.value.get("loss_mask") or []))
+            row.tokens += new.tokens  # another sample of the same episode
+            row.generated += new.generated
         row.outcome = OUTCOMES[name]
-        row.reason = None if name == "samples.jsonl" else str(meta.get("excluded_reason") or line.value.get("status") or "")
+        row.reason = None if name == "samples.jsonl" else (reason or new.status)
         row.samples += 1
         row.results.append(LineRef(name, line.offset, line.length))
         row.rev = rev

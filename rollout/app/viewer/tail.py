@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -32,13 +32,13 @@ class TailLine:
         offset: byte offset of the line's first byte in the file.
         length: the line's length in bytes, without its newline.
         number: the line's number in the file, from 1.
-        value: the parsed JSON object.
+        value: the parsed JSON object, or what :meth:`JsonlTail.read_new`'s ``digest`` made of it.
     """
 
     offset: int
     length: int
     number: int
-    value: dict[str, Any]
+    value: Any
 
 
 @dataclass
@@ -75,8 +75,13 @@ class JsonlTail:
         self.lines_seen = 0
         self._inode: int | None = None
 
-    def read_new(self) -> TailRead:
+    def read_new(self, digest: Callable[[dict[str, Any]], Any] | None = None) -> TailRead:
         """Read the complete lines appended since the last call.
+
+        Args:
+            digest: applied to each parsed object as it is read; :attr:`TailLine.value` holds what
+                it returns, so a caller that needs a few fields of each line (not its tokens) never
+                holds every parsed line of a large file at once. None keeps the object.
 
         Returns:
             A :class:`TailRead`; empty when nothing complete was appended or the file is missing.
@@ -113,7 +118,7 @@ class JsonlTail:
                 if end < 0:
                     carry = data
                     continue
-                self._parse(data[: end + 1], out)
+                self._parse(data[: end + 1], out, digest)
                 carry = data[end + 1 :]
         return out
 
@@ -125,7 +130,7 @@ class JsonlTail:
         out.reset = True
         out.lines.clear()
 
-    def _parse(self, block: bytes, out: TailRead) -> None:
+    def _parse(self, block: bytes, out: TailRead, digest: Callable[[dict[str, Any]], Any] | None) -> None:
         """Parse ``block`` (complete lines, ending with a newline) found at :attr:`offset`."""
         pos = 0
         while pos < len(block):
@@ -146,7 +151,7 @@ class JsonlTail:
                 logger.warning("%s:%d: skipping a malformed line (%s)", self.path, self.lines_seen, why)
                 out.skipped += 1
                 continue
-            out.lines.append(TailLine(offset=start, length=len(raw), number=self.lines_seen, value=value))
+            out.lines.append(TailLine(offset=start, length=len(raw), number=self.lines_seen, value=value if digest is None else digest(value)))
         self.offset += len(block)
 
 

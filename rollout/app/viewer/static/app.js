@@ -15,6 +15,7 @@ const S = {
   sort: { key: "order", dir: 1 },
   filters: { status: "", outcome: "", domain: "", version: "", rmin: "", rmax: "", text: "" },
   changedOnly: false,
+  limit: 1000,                 // rows drawn at most (a long run has thousands); "show all" lifts it
   route: "episodes",
   episodeCache: new Map(),
 };
@@ -139,10 +140,15 @@ function renderRows() {
   options("f-outcome", new Set(rows.map((r) => r.outcome)), S.filters.outcome, "outcomes");
   options("f-domain", new Set(rows.map((r) => r.domain)), S.filters.domain, "domains");
   options("f-version", new Set(rows.flatMap((r) => r.versions)), S.filters.version, "weight versions");
-  const shown = filtered("a");
+  const matching = filtered("a");
+  const shown = matching.slice(0, S.limit);
   tbody.replaceChildren(...shown.map((r) => h("tr", { "data-id": r.episode_id, class: "row", onclick: () => { location.hash = V.episodeHash("a", r.episode_id); } },
     COLUMNS.map(([key]) => h("td", { "data-col": key }, cell(r, key))))));
-  document.getElementById("rowcount").textContent = `${shown.length} of ${rows.length} episodes`;
+  const count = document.getElementById("rowcount");
+  count.textContent = `${matching.length} of ${rows.length} episodes`;
+  if (shown.length < matching.length) {
+    count.append(` (the first ${shown.length} shown) `, h("button", { onclick: () => { S.limit = Infinity; renderRows(); } }, "show all"));
+  }
   document.querySelectorAll("#episodes th").forEach((th) => {
     th.dataset.sorted = th.dataset.key === S.sort.key ? (S.sort.dir > 0 ? "asc" : "desc") : "";
   });
