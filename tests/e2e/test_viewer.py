@@ -152,12 +152,15 @@ def test_the_api_serves_the_runs_files_and_decodes_its_tokens(run_a, tmp_path, t
 
 @pytest.fixture(scope="module")
 def browser():
+    """Headless Chromium (the tests that use it name it first, so a skip costs no run)."""
+    how = ("the viewer's browser tests need Debian's Chromium and Playwright: apt-get install chromium && pip install playwright "
+           "(Playwright's own browser download is not used; ROLLOUT_CHROMIUM names another Chromium binary)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("the browser tests need Playwright: pip install playwright (or pip install -e '.[test]'), and apt-get install chromium")
+        pytest.skip(f"Playwright is not installed; {how}")
     if not Path(CHROMIUM).is_file():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (Debian's package; set ROLLOUT_CHROMIUM to use another binary)")
+        pytest.skip(f"no Chromium at {CHROMIUM}; {how}")
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield b
@@ -198,7 +201,7 @@ TOKEN_COLOURS = """() => {
 }"""
 
 
-def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(run_a, browser, tmp_path):
+def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(browser, run_a, tmp_path):
     samples = {s["metadata"]["episode_id"]: s for s in _lines(run_a / "samples.jsonl")}
     with viewer(tmp_path / "viewer.log", str(run_a)) as (url, _):
         page, errors = _page(browser, url)
@@ -266,10 +269,10 @@ def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(r
         assert errors == []
 
 
-def test_the_page_shows_episodes_appended_while_it_is_open(run_a, browser, tmp_path):
+def test_the_page_shows_episodes_appended_while_it_is_open(browser, run_a, tmp_path):
     """A run still going: the journal grows line by line (one line written in two pieces, and a
-    malformed line among them); the open page shows each episode as it arrives, and its outcome
-    once its group reaches samples.jsonl, without a reload."""
+    malformed line among them); the open page shows each episode as it arrives, its outcome once
+    its group reaches samples.jsonl, and a failure with its error text, without a reload."""
     live = tmp_path / "live"
     live.mkdir()
     for name in ("config.yaml", "specs.jsonl"):
@@ -298,14 +301,29 @@ def test_the_page_shows_episodes_appended_while_it_is_open(run_a, browser, tmp_p
             f.write((run_a / "samples.jsonl").read_text())
         page.wait_for_function("""[...document.querySelectorAll('#episodes tbody td[data-col="outcome"]')].every(c => c.textContent === 'trained')""",
                                timeout=30000)
+        # an infrastructure failure arrives: the journal's line, then failed.jsonl's (a real line, its status and error changed)
+        failed = json.loads(journal[0])
+        failed["metadata"].update(episode_id="b0:retail/0/9", error="EnvironmentStepError: the tool raised\nTraceback (most recent call last): ...")
+        failed.update(status="env_error", reward=0.0)
+        with open(live / "episodes.jsonl", "a") as f:
+            f.write(json.dumps(failed) + "\n")
+        with open(live / "failed.jsonl", "a") as f:
+            f.write(json.dumps(failed) + "\n")
+        _wait_rows(page, 7)
+        page.wait_for_function("""document.querySelector('tr[data-id="b0:retail/0/9"] td[data-col="outcome"]').textContent === 'failed: env_error'""",
+                               timeout=30000)
+        assert page.inner_text('tr[data-id="b0:retail/0/9"] td[data-col="termination"]') == "EnvironmentStepError: the tool raised"
         (live / "run.json").write_text(json.dumps(state))
         page.wait_for_function("document.getElementById('runinfo').dataset.status === 'finished'", timeout=30000)
         assert "1 malformed line(s) skipped" in page.inner_text("#runinfo")
+        page.click('tr[data-id="b0:retail/0/9"]')
+        page.wait_for_selector("#error")
+        assert page.inner_text("#error") == failed["metadata"]["error"]
         assert errors == []
     assert "episodes.jsonl:4: skipping a malformed line" in log.read_text()
 
 
-def test_two_runs_side_by_side_and_the_log_probs_on_hover(run_a, run_b, browser, tmp_path):
+def test_two_runs_side_by_side_and_the_log_probs_on_hover(browser, run_a, run_b, tmp_path):
     tiny = {s["metadata"]["episode_id"]: s for s in _lines(run_b / "samples.jsonl")}
     with viewer(tmp_path / "viewer.log", str(run_a), "--compare", str(run_b)) as (url, _):
         page, errors = _page(browser, url + "#/compare")
@@ -368,7 +386,7 @@ def test_a_grpo_folder_opens_on_its_train_log_plotted_by_step(browser, tmp_path)
         assert errors == []
 
 
-def test_an_episode_of_several_segments_shows_each_segment_as_the_trainer_gets_it(run_c, browser, tmp_path):
+def test_an_episode_of_several_segments_shows_each_segment_as_the_trainer_gets_it(browser, run_c, tmp_path):
     [episode] = _lines(run_c / "episodes.jsonl")
     samples = _lines(run_c / "samples.jsonl")  # trajectory mode: one sample per segment
     starts = episode["segment_starts"]

@@ -217,7 +217,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 async def serve(viewer: Viewer, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
     """Serve ``viewer`` on ``sock`` until ``stop`` is set, or SIGINT / SIGTERM arrives (main thread
-    only); then close the server. The indexes are read once before the first request."""
+    only); then close the server. The runs' files are read once at the start (a request that
+    comes meanwhile waits for that read)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
@@ -230,10 +231,10 @@ async def serve(viewer: Viewer, sock: socket.socket, stop: asyncio.Event | None 
     runner = web.AppRunner(make_app(viewer), access_log=None)
     await runner.setup()
     try:
-        for name in viewer.runs:
-            await viewer.index(name)
         site = web.SockSite(runner, sock)
         await site.start()
+        for name in viewer.runs:  # the first read of a long run's files, before the page asks
+            await viewer.index(name)
         await stop.wait()
     finally:
         await runner.cleanup()

@@ -52,7 +52,9 @@ async function pullAll() {
 
 function header() {
   const st = S.state.a || {};
-  const parts = [st.dir || "", `run ${st.status || "?"}`, `${st.episodes || 0} episodes delivered`];
+  const parts = [st.dir || ""];
+  if (st.status && st.status !== "unknown") parts.push(`run ${st.status}`);  // no run.json: e.g. a GRPO example's folder
+  parts.push(`${st.episodes || 0} episodes delivered`);
   if (st.submitted) parts.push(`of ${st.submitted} submitted`);
   if (st.pending) parts.push(`${st.pending} waiting for their group`);
   if (st.skipped_lines) parts.push(`${st.skipped_lines} malformed line(s) skipped`);
