@@ -207,6 +207,17 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     return summary
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse type: a bad one is a usage error, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
+    return port
+
+
 def view(args: argparse.Namespace) -> int:
     """``python -m rollout view``: serve the viewer until SIGINT / SIGTERM; 2 (one line on stderr)
     for a folder that is not a run's output or an address it cannot listen on."""
@@ -272,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     fmts.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     vw = sub.add_parser("view", help="serve the trajectory viewer (a local web page) over a run's output folder")
     vw.add_argument("output_dir", help="the run's rollout.output_dir (it may still be running)")
-    vw.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: any free port, printed)")
+    vw.add_argument("--port", type=_port, default=8765, help="TCP port (default 8765; 0: any free port, printed)")
     vw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
     vw.add_argument("--compare", metavar="OTHER_DIR", default=None, help="a second run's output folder: both side by side by task")
     vw.add_argument("--tokenizer", default=None, help="decode tokens with this tokenizer instead of the run's policy.tokenizer")

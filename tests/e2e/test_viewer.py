@@ -126,6 +126,9 @@ def test_view_refuses_a_folder_that_is_not_a_run_and_a_port_in_use(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "rollout", "view", str(tmp_path), "--port", str(port)], cwd=ROOT, env=_env(),
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "rollout", "view", str(tmp_path), "--port", "70000"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "a port is 0 to 65535, got 70000" in proc.stderr, proc.stderr  # not wrapped round to 4464
 
 
 def test_the_api_serves_the_runs_files_and_decodes_its_tokens(run_a, tmp_path, tokenizer):

@@ -107,11 +107,13 @@ def test_a_run_index_follows_the_journal_and_the_result_files_as_they_grow(tmp_p
     seg.metadata["excluded_reason"] = "zero_variance"
     writer.add_excluded(Excluded(seg, "zero_variance"))
     with open(out / "episodes.jsonl", "a") as f:
-        f.write("{not json\n")  # a malformed line: skipped, the reading goes on
+        f.write("{not json\n")  # malformed lines: skipped, the reading goes on
+        f.write('{"metadata": [1], "tokens": 5, "loss_mask": "x"}\n')  # an object of the wrong shape
     journal.record(_result(specs[4], status="max_steps", reward=0.0))
     with caplog.at_level(logging.WARNING):
         index.refresh()
-    assert index.skipped_lines == 1 and "episodes.jsonl:5: skipping a malformed line" in caplog.text
+    assert index.skipped_lines == 2 and "episodes.jsonl:5: skipping a malformed line" in caplog.text
+    assert "episodes.jsonl:6: skipping a malformed line (AttributeError" in caplog.text
     by_id = {r["episode_id"]: r for r in index.rows()}
     assert by_id[failed.episode_id]["outcome"] == "failed" and by_id[failed.episode_id]["reason"] == "env_error"
     assert by_id[failed.episode_id]["error"] == "EnvironmentStepError: tool exploded" and by_id[failed.episode_id]["tokens"] == 0

@@ -91,13 +91,16 @@ class Viewer:
 
     # -- handlers -----------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.StreamResponse:
+        """``GET /``: the page (``static/index.html``)."""
         return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def state(self, request: web.Request) -> web.Response:
+        """``GET /api/state``: :meth:`RunIndex.state`, ``runs`` and the tokenizer in use."""
         run = await self.index(request.query.get("run", "a"))
         return _json({**run.state(), "runs": list(self.runs), "tokenizer": self.tokenizer or run.tokenizer_name()})
 
     async def episodes(self, request: web.Request) -> web.Response:
+        """``GET /api/episodes?since=REV``: the rows changed after ``REV``; 400 for a bad ``since``."""
         run = await self.index(request.query.get("run", "a"))
         try:
             since = int(request.query.get("since", "0"))
@@ -107,12 +110,14 @@ class Viewer:
         return _json({"revision": run.revision, "epoch": run.epoch, "rows": rows})
 
     def _episode_id(self, request: web.Request) -> str:
+        """The ``id`` query parameter (400 without one)."""
         eid = request.query.get("id")
         if not eid:
             raise web.HTTPBadRequest(text="id is required")
         return eid
 
     async def episode(self, request: web.Request) -> web.Response:
+        """``GET /api/episode?id=``: :meth:`RunIndex.episode`; 400 without ``id``, 404 for an unknown one."""
         run = await self.index(request.query.get("run", "a"))
         eid = self._episode_id(request)
         try:
@@ -122,6 +127,8 @@ class Viewer:
         return _json(data)
 
     async def tokens(self, request: web.Request) -> web.Response:
+        """``GET /api/tokens?id=``: ``{"tokenizer", "tokenizer_error", "parts"}`` (one
+        :func:`token_part` per record of :meth:`RunIndex.sample_parts`); 400 / 404 as above."""
         run = await self.index(request.query.get("run", "a"))
         eid = self._episode_id(request)
         name = self.tokenizer or run.tokenizer_name()
@@ -138,14 +145,17 @@ class Viewer:
         return _json(data)
 
     async def summary(self, request: web.Request) -> web.Response:
+        """``GET /api/summary``: ``live`` (:meth:`RunIndex.live_summary`), ``file`` (``summary.json``), ``run``."""
         run = await self.index(request.query.get("run", "a"))
         return _json({"live": run.live_summary(), "file": run.summary_file(), "run": run.state_file()})
 
     async def train_log(self, request: web.Request) -> web.Response:
+        """``GET /api/trainlog``: ``{"lines": [...]}``, the lines of ``train_log.jsonl``."""
         run = await self.index(request.query.get("run", "a"))
         return _json({"lines": run.train_log()})
 
     async def compare(self, request: web.Request) -> web.Response:
+        """``GET /api/compare``: :func:`compare_runs` of ``a`` and ``b``; 404 without ``--compare``."""
         if "b" not in self.runs:
             raise web.HTTPNotFound(text="no --compare run")
         a, b = await self.index("a"), await self.index("b")

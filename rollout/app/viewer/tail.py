@@ -81,7 +81,9 @@ class JsonlTail:
         Args:
             digest: applied to each parsed object as it is read; :attr:`TailLine.value` holds what
                 it returns, so a caller that needs a few fields of each line (not its tokens) never
-                holds every parsed line of a large file at once. None keeps the object.
+                holds every parsed line of a large file at once. None keeps the object. A digest
+                that raises ``TypeError``, ``ValueError``, ``AttributeError`` or ``KeyError`` (or
+                returns None) marks the line malformed.
 
         Returns:
             A :class:`TailRead`; empty when nothing complete was appended or the file is missing.
@@ -148,10 +150,18 @@ class JsonlTail:
             else:
                 why = f"a JSON {type(value).__name__}, not an object"
             if not isinstance(value, dict):
+                value = None
+            elif digest is not None:
+                why = "not a record of the expected shape"
+                try:
+                    value = digest(value)
+                except (TypeError, ValueError, AttributeError, KeyError) as e:  # an object of the wrong shape
+                    value, why = None, f"{type(e).__name__}: {e}"
+            if value is None:
                 logger.warning("%s:%d: skipping a malformed line (%s)", self.path, self.lines_seen, why)
                 out.skipped += 1
                 continue
-            out.lines.append(TailLine(offset=start, length=len(raw), number=self.lines_seen, value=value if digest is None else digest(value)))
+            out.lines.append(TailLine(offset=start, length=len(raw), number=self.lines_seen, value=value))
         self.offset += len(block)
 
 
