@@ -1,4 +1,5 @@
-"""Command line: ``python -m rollout {run,eval,config} --config configs/local.yaml [key=value ...]``.
+"""Command line: ``python -m rollout {run,eval,config} --config configs/local.yaml [key=value ...]``,
+``python -m rollout view OUTPUT_DIR`` and ``python -m rollout formats``.
 
 ``run`` resolves the endpoints (starting the local stack when ``local.enabled``), starts the Ray
 pool, runs every task of the configured split ``rollout.n_samples_per_task`` times with a progress
@@ -6,14 +7,16 @@ bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summar
 ``rollout.output_dir`` through the same training policy as the trainer API
 (:meth:`rollout.core.pool.RolloutPool.stream`) and prints a summary table. ``eval`` runs the same
 episodes and prints pass^k / pass@k (:mod:`rollout.app.evaluation`). ``config`` prints the merged
-config. A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
+config. ``view`` serves the trajectory viewer over a run's output folder
+(:mod:`rollout.app.viewer`, docs/viewer.md) until SIGINT / SIGTERM. A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
 ``--overwrite`` replaces one. Exit status: 0 when every episode ended with a policy outcome, 3
 when some ended with an infrastructure failure, 2 on a bad config or an output directory that
 holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
 SIGINT / SIGTERM stopped it (the summary says ``interrupted``). Exit 2 is for what the user can
 fix, each one line naming the key or the file: a bad config value, a split or task the domain
 lacks, a file, folder, address or package a key names that cannot be had, a failed preflight
-check, an output directory that holds a run. Anything else is a bug and ends with Python's
+check, an output directory that holds a run; for ``view``, a folder that is not a run's output or an
+address it cannot listen on. Anything else is a bug and ends with Python's
 traceback (exit 1), never disguised as a config error.
 """
 
@@ -204,6 +207,48 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     return summary
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse type: a bad one is a usage error, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
+    return port
+
+
+def view(args: argparse.Namespace) -> int:
+    """``python -m rollout view``: serve the viewer until SIGINT / SIGTERM; 2 (one line on stderr)
+    for a folder that is not a run's output or an address it cannot listen on."""
+    import asyncio
+
+    from rollout.app.viewer import NotARunError, RunIndex, Viewer, bind_socket, is_loopback, serve
+    from rollout.core.config import LoggingConfig
+    from rollout.core.logs import setup_logging
+
+    try:
+        run = RunIndex(args.output_dir, "a")
+        other = RunIndex(args.compare, "b") if args.compare else None
+    except NotARunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    setup_logging(LoggingConfig())
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    if not is_loopback(args.host):
+        print(f"warning: listening on {args.host}, not loopback: anyone who can reach it reads the run's conversations", file=sys.stderr)
+    compared = f" compared with {other.dir}" if other else ""
+    print(f"viewer: {url}  ({run.dir}{compared}; Ctrl-C stops it)", flush=True)
+    asyncio.run(serve(Viewer(run, other, tokenizer=args.tokenizer), sock))
+    return 0
+
+
 def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Parse ``argv``; ``key=value`` overrides may stand before or after options and end up in
     ``args.overrides`` (the parser must have a positional ``overrides`` with ``nargs="*"``).
@@ -236,7 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     fmts = sub.add_parser("formats", help="list the chat formats (model families): detection, offline vocabulary, tested")
     fmts.add_argument("--json", action="store_true", help="print a JSON list of objects (name, tokenizer, tested, ...)")
     fmts.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    vw = sub.add_parser("view", help="serve the trajectory viewer (a local web page) over a run's output folder")
+    vw.add_argument("output_dir", help="the run's rollout.output_dir (it may still be running)")
+    vw.add_argument("--port", type=_port, default=8765, help="TCP port (default 8765; 0: any free port, printed)")
+    vw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only)")
+    vw.add_argument("--compare", metavar="OTHER_DIR", default=None, help="a second run's output folder: both side by side by task")
+    vw.add_argument("--tokenizer", default=None, help="decode tokens with this tokenizer instead of the run's policy.tokenizer")
+    vw.set_defaults(overrides=[])
     args = parse_args_with_overrides(parser, argv)
+    if args.command == "view":
+        if args.overrides:
+            parser.error(f"unrecognized arguments: {' '.join(args.overrides)}")
+        return view(args)
     if args.command == "formats":
         from rollout.app.formats import format_table, formats_json
 
