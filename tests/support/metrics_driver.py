@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ok-tasks", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=4, help="pool.max_concurrent_episodes")
+    ap.add_argument("--max-steps", type=int, default=6, help="env.max_steps (the unsolved episodes end there or when the user gives up)")
     args = ap.parse_args(argv)
 
     from rollout.core.config import load_config
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     with FaultProxy(args.router_url, tokenizer, _rule) as proxy, tempfile.TemporaryDirectory() as weights:
         cfg = load_config(None, [f"policy.router_url={proxy.url}", f"pool.ray_address={args.address}", "pool.num_actors=2",
                                  f"pool.max_concurrent_episodes={args.concurrency}", "pool.num_cpus_per_actor=0.5",
-                                 "policy.max_request_retries=1", "env.max_steps=6", "rollout.filter_groups=zero_variance",
+                                 "policy.max_request_retries=1", f"env.max_steps={args.max_steps}", "rollout.filter_groups=zero_variance",
                                  "rollout.on_group_failure=drop"])
         pool = RolloutPool(cfg).start()
         try:
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                     + make_specs("retail", ["35"], args.samples, prefix=f"r{r}fail:", weight_version=r)
                     + make_specs("retail", ["36"], args.samples, prefix=f"r{r}wrong:", weight_version=r))
                 pool.update_weights_from_disk(weights, weight_version=r + 1)
+                proxy.weight_version = str(r + 1)  # its made-up answers report the servers' version too
             run(make_specs("retail", ["0"], 4, prefix="last:", weight_version=args.rounds))
             report = {"episodes": episodes, "stats": pool.stats(), "actor_pids": [i["pid"] for i in pool.worker_infos()],
                       "excluded": collections.Counter(e["excluded"] for e in episodes if e["excluded"]),

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +243,79 @@ def test_the_lag_probe_hands_each_sample_to_its_callback():
     stats = asyncio.run(go())
     assert len(seen) >= 5 and all(x >= 0 for x in seen)
     assert stats["samples"] == 1  # max_samples bounds what it keeps, not what it hands on
+
+
+# -- the dashboard, the docs page, the preview ----------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_dashboard_is_the_generated_one_and_queries_every_metric():
+    from rollout.devtools.grafana import DEFAULT_OUT, dashboard_json, panel_metrics
+
+    assert DEFAULT_OUT == ROOT / "docs" / "grafana" / "tau_rollout.json"
+    assert DEFAULT_OUT.read_text() == dashboard_json(), "run: python -m rollout.devtools.grafana dashboard"
+    assert panel_metrics() == {m.name for m in METRICS}
+    d = json.loads(DEFAULT_OUT.read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    assert all(any(m.prometheus_name in e for e in exprs) for m in METRICS)
+    assert all('domain=~"$domain", SessionName=~"$session"' in e for e in exprs)  # every target follows the filters
+    assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "session", "domain"]
+    assert d["templating"]["list"][0]["type"] == "datasource" and d["templating"]["list"][0]["query"] == "prometheus"
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    cells = [(x, y) for p in d["panels"] for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
+             for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])]
+    assert len(cells) == len(set(cells))  # no two panels overlap
+
+
+def test_the_docs_page_holds_the_registry_s_tables_and_the_preview():
+    from rollout.devtools.grafana import metrics_table
+
+    page = (ROOT / "docs" / "observability.md").read_text()
+    for side in Side:
+        assert metrics_table(side) in page, "run: python -m rollout.devtools.grafana table"
+    assert (ROOT / "docs" / "observability_dashboard.png").stat().st_size > 50_000
+    assert "(observability_dashboard.png)" in page and "not a Grafana screenshot" in page
+    assert "[docs/observability.md](docs/observability.md)" in (ROOT / "README.md").read_text()
+
+
+def test_the_preview_evaluates_the_queries_as_prometheus_does():
+    from rollout.devtools.grafana import Query, evaluate, histogram_quantile
+    from rollout.devtools.promtext import parse
+
+    inf = float("inf")
+    assert histogram_quantile(0.5, {0.1: 0, 0.5: 10, 1.0: 20, inf: 20}) == pytest.approx(0.5)
+    assert histogram_quantile(0.75, {0.1: 0, 0.5: 10, 1.0: 20, inf: 20}) == pytest.approx(0.75)
+    assert histogram_quantile(0.9, {0.1: 0, 1.0: 5, inf: 10}) == 1.0  # in +Inf: the highest finite bound
+    assert math.isnan(histogram_quantile(0.5, {1.0: 0, inf: 0}))
+
+    def scrape(t, finished, buckets):
+        lines = [f'ray_tau_rollout_episodes_finished_total{{domain="retail",status="{st}",WorkerId="w"}} {n}' for st, n in finished.items()]
+        lines += [f'ray_tau_rollout_episode_turns_bucket{{domain="retail",le="{le}"}} {n}' for le, n in buckets.items()]
+        return t, parse("\n".join(lines))
+
+    scrapes = [scrape(0.0, {"completed": 5}, {"1.0": 0, "2.0": 0, "+Inf": 0}),
+               scrape(10.0, {"completed": 25, "policy_error": 3}, {"1.0": 4, "2.0": 8, "+Inf": 8})]
+    rate = evaluate(Query("rate", R.EPISODES_FINISHED, "{{status}}", ("status",)), scrapes, 1, 10.0)
+    assert rate == {("completed",): 2.0, ("policy_error",): 0.3}  # a series new since then counted from 0
+    p50 = evaluate(Query("quantile", R.EPISODE_TURNS, "p50", (), 0.5), scrapes, 1, 10.0)
+    assert p50 == {(): pytest.approx(1.0)}
+
+
+def test_the_exposition_parser_reads_what_ray_writes():
+    from rollout.devtools.promtext import parse, select, total
+
+    text = "\n".join([
+        "# HELP ray_x_total x",
+        "# TYPE ray_x_total counter",
+        'ray_x_total{a="1",b="with \\"quotes\\", a comma and a } brace",le="+Inf"} 3.0',
+        'ray_x_total{a="2"} 4 1700000000000',
+        "ray_y NaN",
+        'other_z{a="1"} 1',
+    ])
+    samples = parse(text, prefix="ray_")
+    assert [s.name for s in samples] == ["ray_x_total", "ray_x_total", "ray_y"]
+    assert samples[0].labels == {"a": "1", "b": 'with "quotes", a comma and a } brace', "le": "+Inf"}
+    assert total(samples, "ray_x_total") == 7 and len(select(samples, "ray_x_total", a="2")) == 1
+    assert math.isnan(samples[2].value)
+    with pytest.raises(ValueError, match="unclosed"):
+        parse('ray_x{a="1" 2')
