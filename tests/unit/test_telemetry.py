@@ -100,6 +100,17 @@ def test_the_null_recorder_binds_anything_to_nothing():
     NULL_INSTRUMENT.record(1)
 
 
+def test_a_finish_type_outside_sglang_s_three_is_tagged_other():
+    from rollout.core.telemetry.probes import PolicyMetrics
+
+    rec = MemoryRecorder({"domain": "retail", "actor": "0"})
+    pm = PolicyMetrics(rec)
+    for finish in ("stop", "length", "weird", "weirder", "stop"):
+        pm.answered(finish, 0.1, 10, 2, "1")
+    assert {tags["finish"]: v for tags, v in rec.series()[R.GENERATE_REQUESTS.name]} == {"stop": 2, "length": 1, "other": 2}
+    assert rec.value(R.GENERATE_INPUT_TOKENS) == 50 and rec.value(R.GENERATE_OUTPUT_TOKENS) == 10 and rec.value(R.POLICY_WEIGHT_VERSION) == 1
+
+
 # -- delivered episodes (the ledger) -----------------------------------------------------------------
 def _result(eid: str, status: EpisodeStatus, reward: float = 0.0, **meta) -> InteractionResult:
     return InteractionResult(EpisodeSpec(eid, "retail", "0", eid.rsplit("/", 1)[0], 0), status, reward, None, metadata=dict(meta))

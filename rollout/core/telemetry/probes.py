@@ -21,7 +21,9 @@ from rollout.core.records import EpisodeStatus, InteractionResult
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.recorder import Instrument, Recorder
 
-__all__ = ["DeliveryMetrics", "EnvironmentMetrics", "MeteredEnvironment", "PolicyMetrics"]
+__all__ = ["FINISH_TYPES", "DeliveryMetrics", "EnvironmentMetrics", "MeteredEnvironment", "PolicyMetrics"]
+
+FINISH_TYPES = frozenset({"stop", "length", "abort"})  # SGLang's finish_reason.type values
 
 
 class PolicyMetrics:
@@ -53,7 +55,8 @@ class PolicyMetrics:
         """One ``/generate`` call answered.
 
         Args:
-            finish: its ``finish_reason.type`` (``stop`` | ``length`` | ``abort``).
+            finish: its ``finish_reason.type`` (``stop`` | ``length`` | ``abort``; any other value is
+                tagged ``other``).
             latency_s: the answering attempt's round trip, seconds.
             input_tokens: the ids it sent.
             output_tokens: the ids it generated.
@@ -61,7 +64,8 @@ class PolicyMetrics:
         """
         inst = self._by_finish.get(finish)
         if inst is None:
-            inst = self._by_finish[finish] = self._recorder.bind(R.GENERATE_REQUESTS, finish=finish)
+            tag = finish if finish in FINISH_TYPES else "other"  # a tag's values stay bounded, whatever a server answers
+            inst = self._by_finish[finish] = self._recorder.bind(R.GENERATE_REQUESTS, finish=tag)
         inst.record(1)
         self.latency.record(latency_s)
         self.tokens_in.record(input_tokens)

@@ -4,9 +4,9 @@ Code that records asks a :class:`Recorder` once for a bound :class:`Instrument` 
 :mod:`~rollout.core.telemetry.registry` with all its tags fixed) and then calls
 ``instrument.record(value)`` per event: a counter adds ``value``, a gauge takes it, a histogram
 observes it. Binding resolves and checks the tags once; recording does nothing else, so it is cheap
-enough for an actor's event loop that runs a thousand episodes (with Ray's metrics, about 2 us per
-record, measured here; nothing blocks: Ray aggregates in memory and exports from a thread of its
-own).
+enough for an actor's event loop that runs a thousand episodes (with Ray's metrics, 2 to 5 us per
+record measured here, docs/observability.md#cost; nothing blocks: Ray aggregates in memory and
+exports from a thread of its own).
 
 Recorders:
 

@@ -52,7 +52,7 @@ KNOWN_TAGS: dict[str, str] = {
     "status": "an episode status (`completed`, `policy_error`, ...: docs/design.md#statuses)",
     "reason": "why an episode sample was kept out of training: its status, `stale`, `zero_variance`, `group_dropped`, `group_cancelled`",
     "outcome": "what became of a complete or abandoned group: `kept`, `filtered`, `dropped`, `cancelled`",
-    "finish": "SGLang's `finish_reason.type` of a `/generate` answer: `stop`, `length`, `abort`",
+    "finish": "SGLang's `finish_reason.type` of a `/generate` answer: `stop`, `length`, `abort` (`other` for anything else)",
     "mode": "the pause mode: `abort`, `in_place`, `retract`",
 }
 
