@@ -26,6 +26,9 @@ import logging
 from dataclasses import dataclass
 
 from rollout.core.records import TrainingSample
+from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
+from rollout.core.telemetry.registry import GROUPS as GROUP_OUTCOMES
+from rollout.core.telemetry.registry import SAMPLES_EXCLUDED
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +125,8 @@ class GroupAssembler:
         on_member_failure: ``rerun`` | ``drop``.
         max_member_reruns: re-runs per group member (then its group is dropped).
         filter_groups: ``None`` or ``"zero_variance"``.
+        recorder: where exclusions (by reason) and group outcomes (kept, filtered, dropped,
+            cancelled) are recorded, as :attr:`counts` counts them; ``None``: nowhere.
 
     Usage: :meth:`expect` each group when it is submitted, :meth:`add` each sample when it is
     delivered (the returned :class:`Rerun` s must be submitted by the caller, with
@@ -130,7 +135,8 @@ class GroupAssembler:
     first). ``counts`` holds the running totals.
     """
 
-    def __init__(self, policy: TrainingPolicy, on_member_failure: str = "rerun", max_member_reruns: int = 2, filter_groups: str | None = None):
+    def __init__(self, policy: TrainingPolicy, on_member_failure: str = "rerun", max_member_reruns: int = 2, filter_groups: str | None = None,
+                 recorder: Recorder | None = None):
         if on_member_failure not in ("rerun", "drop"):
             raise ValueError(f"on_member_failure must be rerun or drop, got {on_member_failure!r}")
         if filter_groups not in (None, "zero_variance"):
@@ -148,6 +154,8 @@ class GroupAssembler:
         self.excluded: collections.deque[Excluded] = collections.deque()
         self.counts: collections.Counter[str] = collections.Counter(dict.fromkeys(GROUP_COUNTERS, 0))
         self._late: list[Rerun] = []  # re-runs decided by pop_ready
+        self._recorder = recorder if recorder is not None else NULL_RECORDER
+        self._outcomes = {o: self._recorder.bind(GROUP_OUTCOMES, outcome=o) for o in ("kept", "filtered", "dropped", "cancelled")}
 
     # -- bookkeeping -------------------------------------------------------------------------
     def expect(self, group_id: str, size: int) -> None:
@@ -213,6 +221,7 @@ class GroupAssembler:
             return [Rerun(gid, index, self._reruns[key])]
         self._close(gid, GROUP_DROPPED)
         self.counts["groups_dropped"] += 1
+        self._outcomes["dropped"].record(1)
         return []
 
     def _complete(self, gid: str) -> None:
@@ -221,6 +230,7 @@ class GroupAssembler:
         group = [members[i] for i in sorted(members)]
         if self.filter_groups == "zero_variance" and len({s.reward for s in group}) == 1:
             self.counts["groups_filtered"] += 1
+            self._outcomes["filtered"].record(1)
             for s in group:
                 self.exclude(s, ZERO_VARIANCE)
             return
@@ -240,6 +250,7 @@ class GroupAssembler:
         sample.metadata["excluded_reason"] = reason
         self.excluded.append(Excluded(sample, reason))
         self.counts[f"excluded_{reason}"] += 1
+        self._recorder.bind(SAMPLES_EXCLUDED, reason=reason).record(1)
 
     @property
     def excluded_waiting(self) -> int:
@@ -269,6 +280,7 @@ class GroupAssembler:
         for gid in gids:
             self._close(gid, GROUP_CANCELLED)
         self.counts["groups_cancelled"] += len(gids)
+        self._outcomes["cancelled"].record(len(gids))
         return gids
 
     def pop_ready(self, current_version: int, limit: int | None = None) -> list[list[TrainingSample]]:
@@ -282,6 +294,7 @@ class GroupAssembler:
             if not stale:
                 out.append(group)
                 self.counts["groups_kept"] += 1
+                self._outcomes["kept"].record(1)
                 continue
             gid = group[0].group_id
             self._members[gid] = {s.sample_index: s for s in group if s not in stale}

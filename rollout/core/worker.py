@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -32,6 +32,9 @@ from rollout.core.logs import setup_logging
 from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.core.settings import EpisodeSettings
+from rollout.core.telemetry import NULL_RECORDER, Recorder
+from rollout.core.telemetry import registry as metrics_registry
+from rollout.core.telemetry.probes import EnvironmentMetrics, MeteredEnvironment
 from rollout.core.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,16 +57,19 @@ class LoopLagProbe:
     Args:
         interval_s: the probe's sleep, seconds (> 0).
         max_samples: samples kept; the oldest are dropped beyond it (about 17 minutes at 10 ms).
+        on_sample: called on the loop with each sample (seconds of lag), e.g. a metric's
+            :meth:`~rollout.core.telemetry.Instrument.record`; ``None``: nothing.
 
     Raises:
         ValueError: ``interval_s <= 0`` or ``max_samples < 1``.
     """
 
-    def __init__(self, interval_s: float = 0.01, max_samples: int = 100_000) -> None:
+    def __init__(self, interval_s: float = 0.01, max_samples: int = 100_000, on_sample: Callable[[float], None] | None = None) -> None:
         if interval_s <= 0 or max_samples < 1:
             raise ValueError(f"LoopLagProbe needs interval_s > 0 and max_samples >= 1, got {interval_s}, {max_samples}")
         self.interval_s = float(interval_s)
         self._samples: collections.deque[float] = collections.deque(maxlen=max_samples)
+        self._on_sample = on_sample
         self._task: asyncio.Task | None = None
         self._tid: int | None = None  # the loop thread's native id, once the probe runs
         self._sched0: tuple[float, float, float] | None = None  # (monotonic s, on-CPU s, waiting s) at start / reset
@@ -89,7 +95,10 @@ class LoopLagProbe:
         while True:
             t0 = loop.time()
             await asyncio.sleep(self.interval_s)
-            self._samples.append(max(0.0, loop.time() - t0 - self.interval_s))
+            lag = max(0.0, loop.time() - t0 - self.interval_s)
+            self._samples.append(lag)
+            if self._on_sample is not None:
+                self._on_sample(lag)
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Lag percentiles over the samples since the start or the last reset.
@@ -182,6 +191,12 @@ class RolloutWorker:
             False.
         gil_switch_interval_ms: with ``own_process``, the process's GIL switch interval
             (``pool.gil_switch_interval_ms``).
+        recorder: where the actor's metrics go (``None``: nowhere): episodes started and
+            running, the ``/generate`` calls (:class:`~rollout.core.policy.SGLangClient`), the
+            user simulator's turns and the tool calls
+            (:class:`~rollout.core.telemetry.probes.MeteredEnvironment`), and the event loop's lag
+            (a second :class:`LoopLagProbe`, 50 ms sleeps, started with the first episode). The
+            pool gives each actor a ``RayRecorder`` (docs/observability.md).
 
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.core.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
@@ -194,7 +209,8 @@ class RolloutWorker:
     """
 
     def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8,
-                 partial_rollout: str = "continue", own_process: bool = False, gil_switch_interval_ms: float = 1.0):
+                 partial_rollout: str = "continue", own_process: bool = False, gil_switch_interval_ms: float = 1.0,
+                 recorder: Recorder | None = None):
         logging_cfg = logging_cfg or LoggingConfig()
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
@@ -229,13 +245,19 @@ class RolloutWorker:
         self._cancelled: set[str] = set()
         self.episodes_run = 0
         self.lag_probe = LoopLagProbe()
+        self.recorder = recorder if recorder is not None else NULL_RECORDER
+        self._env_metrics = EnvironmentMetrics(self.recorder)
+        self._started = self.recorder.bind(metrics_registry.EPISODES_STARTED)
+        self._running_gauge = self.recorder.bind(metrics_registry.EPISODES_RUNNING)
+        lag = self.recorder.bind(metrics_registry.LOOP_LAG)
+        self._metrics_probe = LoopLagProbe(interval_s=0.05, max_samples=1, on_sample=lag.record) if self.recorder.enabled else None
         self.process_tuning = tune_actor_process(gil_switch_interval_ms / 1e3) if own_process else None
 
     def _ensure_session(self) -> SGLangClient:
         if self._session is None or self._session.closed:
             conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=conn)
-            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker)
+            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
         assert self._client is not None
         return self._client
@@ -282,6 +304,8 @@ class RolloutWorker:
         """
         client = self._ensure_session()
         assert self._semaphore is not None
+        if self._metrics_probe is not None:
+            self._metrics_probe.start()
         eid = spec.episode_id
         async with self._semaphore:
             if eid in self._cancelled:
@@ -289,6 +313,8 @@ class RolloutWorker:
             else:
                 task = asyncio.ensure_future(self._run(spec, client, timeout_s))
                 self._running[eid] = task
+                self._started.record(1)
+                self._running_gauge.record(len(self._running))
                 try:
                     result = await asyncio.shield(task)
                 except asyncio.CancelledError:
@@ -298,6 +324,7 @@ class RolloutWorker:
                     result = _cancelled(spec)
                 finally:
                     self._running.pop(eid, None)
+                    self._running_gauge.record(len(self._running))
         self._cancelled.discard(eid)
         self.episodes_run += 1
         result.metadata.setdefault("worker_pid", os.getpid())
@@ -308,7 +335,10 @@ class RolloutWorker:
             try:  # an unknown task id raises KeyError: the crash net below
                 env = self.domain.new_episode(self.env_cfg, spec.task_id, seed=spec.seed, executor=self.executor, sandbox=self.sandbox)
             except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
+                self._env_metrics.user_errors.record(1)
                 return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
+            if self.recorder.enabled:
+                env = MeteredEnvironment(env, self._env_metrics)
             coro = run_episode(spec, env, client, self.chat, self.settings)
             return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
         except asyncio.TimeoutError:
@@ -357,6 +387,8 @@ class RolloutWorker:
         """Cancel the episodes still running (their requests are aborted on the servers), then
         close the HTTP session, the sandbox and the thread pool."""
         self.lag_probe.stop()
+        if self._metrics_probe is not None:
+            self._metrics_probe.stop()
         if self._running:
             await self.cancel(list(self._running))
             await asyncio.gather(*self._running.values(), return_exceptions=True)

@@ -26,6 +26,8 @@ from aiohttp import web
 
 from rollout.core.config import load_config
 from rollout.core.policy import BackendBreaker, PolicyServerError, SGLangClient, parse_generate_response
+from rollout.core.telemetry import MemoryRecorder
+from rollout.core.telemetry import registry as R
 from rollout.devtools.local.stack import free_port
 
 IDS = [11, 12, 13]
@@ -142,6 +144,42 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
             assert 16 < backend.statuses.count(503) <= 16 + 10, backend.statuses.count(503)
     finally:
         await backend.stop()
+
+
+async def test_the_client_records_its_calls_retries_failures_and_outages():
+    """With a recorder, the client counts what these tests check on its attributes: answered
+    calls (latency, tokens, the servers' weight version), the retries it made, the call that
+    failed for good, and the outage (the breaker's gauge goes 1, then 0)."""
+    backend = await FakeBackend().start()
+    rec = MemoryRecorder({"domain": "retail", "actor": "0"})
+    try:
+        async with aiohttp.ClientSession() as session:
+            cfg = load_config(None, [f"policy.router_url={backend.url}", "policy.max_request_retries=1", "policy.backend_outage_timeout_s=60"])
+            client = SGLangClient(cfg.policy, session, recorder=rec)
+            await client.generate([1, 2], 4, rid="warm#0", routing_key="warm")
+            # an isolated failure among successes: 500 (not an outage) on every attempt of one call
+            backend.rule = lambda key, rid: 500 if key == "bad" else None
+            out = await asyncio.gather(client.generate([1], 4, rid="bad#0", routing_key="bad"),
+                                       *[client.generate([1, 2, 3], 4, rid=f"e{i}#0", routing_key=f"e{i}") for i in range(4)],
+                                       return_exceptions=True)
+            assert isinstance(out[0], PolicyServerError) and not any(isinstance(x, Exception) for x in out[1:])
+            assert rec.value(R.GENERATE_FAILURES) == 1 and rec.value(R.GENERATE_RETRIES) == 1  # retried once, then failed
+            assert rec.value(R.BREAKER_OPEN) == 0 and rec.value(R.BACKEND_OUTAGES) == 0
+            # an outage for every call, over after ~2 s
+            backend.rule = lambda key, rid: 503
+            calls = [asyncio.create_task(client.generate([1, 2], 4, rid=f"o{i}#0", routing_key=f"o{i}")) for i in range(4)]
+            await asyncio.sleep(2.0)
+            assert client.breaker.is_open and rec.value(R.BREAKER_OPEN) == 1
+            backend.rule = lambda key, rid: None
+            await asyncio.wait_for(asyncio.gather(*calls), 30)
+    finally:
+        await backend.stop()
+    assert rec.value(R.BACKEND_OUTAGES) == client.breaker.outages == 1 and rec.value(R.BREAKER_OPEN) == 0
+    assert rec.value(R.GENERATE_RETRIES) == 1  # the outage's failures waited for the backend instead
+    assert rec.value(R.GENERATE_REQUESTS, finish="stop") == rec.value(R.GENERATE_REQUESTS) == 1 + 4 + 4
+    assert len(rec.observations(R.GENERATE_LATENCY)) == 9
+    assert rec.value(R.GENERATE_INPUT_TOKENS) == 2 + 4 * 3 + 4 * 2 and rec.value(R.GENERATE_OUTPUT_TOKENS) == 9 * len(IDS)
+    assert rec.series()[R.POLICY_WEIGHT_VERSION.name] == [({"domain": "retail", "actor": "0"}, 0)]  # the backend answers "0"
 
 
 async def test_an_outage_longer_than_the_bound_fails_within_it():

@@ -6,7 +6,8 @@ to the upstream router, unless ``rule(routing_key, body)`` says otherwise:
 * ``None``: forward;
 * ``("status", code)``: answer ``code`` (e.g. 500: the policy server failed);
 * ``("text", text)``: answer as a server would with ``text`` followed by the EOS id (a policy
-  that says something else, e.g. a wrong answer earning reward 0);
+  that says something else, e.g. a wrong answer earning reward 0), with weight version
+  :attr:`FaultProxy.weight_version` (``"0"`` unless set);
 * ``("delay", seconds)``: forward after ``seconds`` (a slow episode; cancelling the client's
   request cancels the wait).
 """
@@ -32,6 +33,7 @@ class FaultProxy(ThreadedApp):
         self.rule = rule
         self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.seen: list[str] = []  # routing keys, in arrival order
+        self.weight_version = "0"  # what a "text" answer reports as meta_info.weight_version
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -43,7 +45,7 @@ class FaultProxy(ThreadedApp):
         if action is not None and action[0] == "text":
             ids = self.tok.encode(str(action[1]), add_special_tokens=False) + [self.eos]
             return web.json_response({"text": str(action[1]), "output_ids": ids, "meta_info": {
-                "id": body.get("rid"), "finish_reason": {"type": "stop", "matched": self.eos}, "weight_version": "0",
+                "id": body.get("rid"), "finish_reason": {"type": "stop", "matched": self.eos}, "weight_version": self.weight_version,
                 "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
         if action is not None and action[0] == "delay":
             await asyncio.sleep(float(action[1]))

@@ -31,6 +31,7 @@ class RayHead:
     dashboard_url: str  # for ray job submit
     env: dict[str, str]  # the environment clients of this head need
     proc: subprocess.Popen
+    metrics_url: str  # Prometheus text of the node's metrics agent (--metrics-export-port)
 
     def kill(self) -> None:
         """SIGKILL the head's whole process group (the GCS and the raylet with it)."""
@@ -39,15 +40,16 @@ class RayHead:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[RayHead]:
+def ray_head(env: dict[str, str], num_cpus: int = 2, include_dashboard: bool = True) -> Iterator[RayHead]:
     """Start a head with ``env`` (``RAY_TMPDIR`` gets a fresh short folder; token auth is off for
     this loopback-only cluster so the test does not depend on the machine's home folder); stop it
-    on exit."""
+    on exit. ``include_dashboard``: the dashboard (needed by ``ray job submit``; the metrics
+    export port is served by the node's agent either way)."""
     env = dict(env)
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env["RAY_TMPDIR"] = ray_tmp
     env["RAY_AUTH_MODE"] = "disabled"
-    gcs_port, dash = free_port(), free_port()
+    gcs_port, dash, metrics = free_port(), free_port(), free_port()
     log = open(Path(ray_tmp) / "head.log", "w")  # noqa: SIM115 (closed below)
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
@@ -56,12 +58,12 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[RayHead]:
          # e.g. the session's local cluster: the job agent then never comes up ("No available agent
          # to submit job"). Free ports for every one of them.
          f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-         f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-         "--include-dashboard=true", "--disable-usage-stats"],
+         f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={metrics}",
+         f"--include-dashboard={str(include_dashboard).lower()}", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        yield RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash}", env, head)
+        yield RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash}", env, head, f"http://127.0.0.1:{metrics}/metrics")
     finally:
         # SIGTERM stops the head's processes at once, but `ray start --block` itself then lingers
         # ~30 s (measured) over children that are already gone; nothing of this throwaway head

@@ -50,6 +50,8 @@ from rollout.core.policy.admin import RouterAdmin, WeightSyncError
 from rollout.core.policy.auth import api_key_from_env, auth_headers, describe_error, redact
 from rollout.core.policy.protocol import Generation, PolicyClient, PolicyServerError, parse_generate_response
 from rollout.core.policy.resilience import BackendBreaker, GenerationGate
+from rollout.core.telemetry.probes import PolicyMetrics
+from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,6 +81,9 @@ class SGLangClient:
             the gate closed meanwhile.
         breaker: the actor's :class:`BackendBreaker`, shared by all its clients; ``None``: a new
             one with ``cfg.backend_outage_timeout_s``.
+        recorder: where the calls' metrics go (:class:`~rollout.core.telemetry.probes.PolicyMetrics`:
+            answered calls by finish type, their latency and tokens, failures, retries, breaker
+            openings, the servers' weight version); ``None``: nowhere.
 
     Attributes:
         inflight: routing key (episode id) -> the ``rid`` of the attempt now out (or last out),
@@ -87,6 +92,7 @@ class SGLangClient:
             short timeout (:data:`ABORT_TIMEOUT_S`), used for aborts.
         retries: failures that spent a retry, over all calls.
         aborted_attempts: earlier attempts aborted on the workers before a retry.
+        metrics: the bound instruments the calls record into.
 
     Raises:
         ValueError: ``cfg.router_url`` is not set, or ``cfg.api_key_env`` names a variable that is
@@ -94,7 +100,7 @@ class SGLangClient:
     """
 
     def __init__(self, cfg: PolicyConfig, session: aiohttp.ClientSession, gate: GenerationGate | None = None,
-                 breaker: BackendBreaker | None = None):
+                 breaker: BackendBreaker | None = None, recorder: Recorder | None = None):
         if not cfg.router_url:
             raise ValueError("policy.router_url is not set")
         self.cfg = cfg
@@ -108,6 +114,7 @@ class SGLangClient:
         self.admin = RouterAdmin(cfg.router_url, session, timeout_s=ABORT_TIMEOUT_S, api_key=self._api_key)
         self.retries = 0
         self.aborted_attempts = 0
+        self.metrics = PolicyMetrics(recorder if recorder is not None else NULL_RECORDER)
         self._background: set[asyncio.Task] = set()
 
     def __repr__(self) -> str:
@@ -159,6 +166,7 @@ class SGLangClient:
         headers = {ROUTING_HEADER: routing_key, "Content-Type": "application/json", **self._auth}
         timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)
         breaker = self.breaker
+        m = self.metrics
         counted = 0  # failures that spent a retry
         sent = 0  # attempts sent
         live: list[str] = []  # rids of earlier attempts that may still be generating on a worker
@@ -176,14 +184,18 @@ class SGLangClient:
                     sent += 1
                     body["rid"] = cur
                     self.inflight[routing_key] = cur
+                    sent_at = time.monotonic()
                     outcome, error, gen = await self._send(body, headers, timeout, cur, live)
+                    latency_s = time.monotonic() - sent_at
                 if gen is not None:
                     ended = breaker.record_success()
                     if ended is not None:
+                        m.breaker_open.record(0)
                         logger.info("policy backend is back after %.1f s; /generate calls go on (outage %d, %.1f s waited in all)",
                                     ended, breaker.outages, breaker.waited_s)
                     if gen.finish_type == "abort" and self.gate is not None:
                         gen.interrupted = self.gate.closed or self.gate.epoch != epoch
+                    m.answered(gen.finish_type, latency_s, len(input_ids), len(gen.ids), gen.weight_version)
                     return gen
                 slept = False
                 if outcome == "outage" and breaker.enabled:
@@ -196,6 +208,8 @@ class SGLangClient:
                         outages = breaker.outages
                         excused = breaker.record_failure(mark, failed_at)
                         if breaker.outages > outages:  # this failure opened the breaker
+                            m.outages.record(1)
+                            m.breaker_open.record(1)
                             logger.warning("policy backend unreachable (every /generate call fails; last error: %s); calls wait "
                                            "for it for up to %.0f s (policy.backend_outage_timeout_s) instead of spending their "
                                            "retries", error or "?", breaker.outage_timeout_s)
@@ -211,9 +225,13 @@ class SGLangClient:
                 self.retries += 1
                 if counted > self.cfg.max_request_retries:
                     raise PolicyServerError(f"/generate failed after {sent} attempts: {error}")
+                m.retries.record(1)
                 logger.warning("rid=%s: /generate attempt %d failed (%s); retrying", cur, sent, error)
                 if not slept:
                     await asyncio.sleep(self._retry_delay(counted))
+        except PolicyServerError:
+            m.failures.record(1)
+            raise
         finally:
             self.inflight.pop(routing_key, None)
             if live:  # the call ends (error or cancellation) with attempts perhaps still generating

@@ -17,6 +17,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rollout.core.config import Config
+from rollout.core.environment import domain_key
+from rollout.core.pool.raymetrics import RayRecorder
 from rollout.core.records import EpisodeSpec
 from rollout.core.startup import PreflightError, check_ray_address
 from rollout.core.worker import RolloutWorker
@@ -124,12 +126,15 @@ class ActorSet:
         # the actors' event loop (pool.event_loop): Ray builds it, from RAY_USE_UVLOOP
         opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0,
                     runtime_env={"env_vars": env_vars})
+        domain = domain_key(self.cfg.env.benchmark, self.cfg.env.domain)
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
                 own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms,
+                # its metrics, tagged with its index (made in the actor's process, kept by a restart)
+                recorder=RayRecorder({"domain": domain, "actor": str(i)}),
             )
-            for _ in range(p.num_actors)
+            for i in range(p.num_actors)
         ]
         try:
             self.gcs_address = ray.get_runtime_context().gcs_address

@@ -16,6 +16,8 @@ from typing import Callable, Iterable
 from rollout.core.groups import Rerun, rerun_episode_id
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
+from rollout.core.telemetry.probes import DeliveryMetrics
+from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
 
 # The running totals RolloutPool.stats() always has (0 until something is counted), besides one
 # ``status_<status>`` per EpisodeStatus and the group assembler's totals.
@@ -56,14 +58,19 @@ class EpisodeLedger:
             (:meth:`InteractionResult.to_sample`, the default; the pool passes
             ``rollout.keep_messages`` to it). The sample modes cut it later, where samples are
             handed out (:mod:`rollout.core.pool.streams`, :mod:`rollout.core.sample_modes`).
+        recorder: where the episodes submitted and delivered are recorded
+            (:class:`~rollout.core.telemetry.probes.DeliveryMetrics`: status, duration, turns,
+            reward); ``None``: nowhere.
 
     Attributes:
         counts: the episode counters (every key of :data:`POOL_COUNTERS` and ``status_<status>``
             for every :class:`~rollout.core.records.EpisodeStatus`, 0 until counted).
     """
 
-    def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample):
+    def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample,
+                 recorder: Recorder | None = None):
         self._to_sample = to_sample
+        self._metrics = DeliveryMetrics(recorder if recorder is not None else NULL_RECORDER)
         self._submitted: set[str] = set()
         self._delivered: set[str] = set()
         self._restored: set[str] = set()
@@ -106,6 +113,7 @@ class EpisodeLedger:
         """Count ``spec`` as submitted (it is queued to run)."""
         self._submitted.add(spec.episode_id)
         self.counts["episodes_submitted"] += 1
+        self._metrics.submitted.record(1)
 
     def rerun_spec(self, rerun: Rerun, weight_version: int) -> EpisodeSpec:
         """The spec of group-member re-run ``rerun``: its member's spec with a new episode id,
@@ -136,6 +144,7 @@ class EpisodeLedger:
             c["episodes_continued"] += 1
         if m.restarted_turns:
             c["episodes_restarted"] += 1
+        self._metrics.delivered(result)
         d = Delivery(result, self._to_sample)
         if journal and self._journal is not None:
             self._journal.record(d.sample)

@@ -56,12 +56,14 @@ import logging
 from typing import Any, Iterable, Iterator
 
 from rollout.core.config import Config
+from rollout.core.environment import domain_key
 from rollout.core.eventloop import ray_env_vars
 from rollout.core.groups import Excluded, Rerun, TrainingPolicy
 from rollout.core.pool.actors import ActorSet, RemoteRolloutWorker  # noqa: F401  (re-exported)
 from rollout.core.pool.aio import AsyncPoolAPI
 from rollout.core.pool.errors import NoHealthyActorError, RayHeadLostError, RunAborted, RunInterrupted  # noqa: F401
 from rollout.core.pool.ledger import POOL_COUNTERS, EpisodeLedger  # noqa: F401
+from rollout.core.pool.raymetrics import RayRecorder
 from rollout.core.pool.scheduler import HEAD_LOST_AFTER_S, OVERDUE_GRACE_S, Scheduler  # noqa: F401
 from rollout.core.pool.specs import episode_seed, make_specs  # noqa: F401
 from rollout.core.pool.steps import END, StepRunner
@@ -83,6 +85,10 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
 
     Attributes:
         cfg: the config.
+        recorder: the driver's metrics (a ``RayRecorder`` tagged with the domain): episodes
+            submitted, delivered by status, their duration, turns and reward, the queue, the
+            episodes in flight per actor, retries, exclusions, groups, weight updates and
+            pauses. Each actor records its own (docs/observability.md).
 
     Raises:
         ValueError: ``policy.router_url`` is not set.
@@ -92,14 +98,15 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         if not cfg.policy.router_url:
             raise ValueError("policy.router_url must be resolved before starting the pool")
         self.cfg = cfg
+        self.recorder = RayRecorder({"domain": domain_key(cfg.env.benchmark, cfg.env.domain)})
         self._actors = ActorSet(cfg)
         keep = cfg.rollout.keep_messages
-        self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep))
-        self._weights = WeightSync(cfg, self._actors, healthy=lambda: self._scheduler.healthy())
-        self._scheduler = Scheduler(cfg.pool, self._actors, self._ledger, on_actor_back=self._weights.actor_back)
+        self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep), recorder=self.recorder)
+        self._weights = WeightSync(cfg, self._actors, healthy=lambda: self._scheduler.healthy(), recorder=self.recorder)
+        self._scheduler = Scheduler(cfg.pool, self._actors, self._ledger, on_actor_back=self._weights.actor_back, recorder=self.recorder)
         self._streams = TrainingStreams(cfg, Feed(next_delivery=self._scheduler.next_delivery, resubmit=self._resubmit,
                                                   submit_tasks=self.submit_tasks, weight_version=lambda: self._weights.weight_version,
-                                                  num_outstanding=lambda: self.num_outstanding))
+                                                  num_outstanding=lambda: self.num_outstanding), recorder=self.recorder)
         self._runner = StepRunner(progress=lambda: self._ledger.counts["episodes_delivered"])
         self._batch_counter = itertools.count()
         self._started = False
@@ -129,6 +136,7 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             if not self._started:
                 self._actors.start(ray_env_vars(self.cfg.pool.event_loop))
                 self._scheduler.reset()
+                self._weights.publish()  # Ray is up: the first records that reach it
                 self._started = True
         return self
 

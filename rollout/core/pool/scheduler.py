@@ -28,6 +28,8 @@ from rollout.core.pool.actors import ActorSet
 from rollout.core.pool.errors import NoHealthyActorError, RayHeadLostError, RunInterrupted
 from rollout.core.pool.ledger import Delivery, EpisodeLedger
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.core.telemetry import registry as R
+from rollout.core.telemetry.recorder import NULL_RECORDER, Instrument, Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +50,12 @@ class Scheduler:
         ledger: the exactly-once ledger every delivery goes through.
         on_actor_back: called with an actor's index when a down actor answers its health ping
             again (e.g. to close its generation gate while the pool is paused).
+        recorder: where the queue depth, the episodes in flight per actor and the retries are
+            recorded (``None``: nowhere).
     """
 
-    def __init__(self, pool_cfg: PoolConfig, actors: ActorSet, ledger: EpisodeLedger, on_actor_back: Callable[[int], None]):
+    def __init__(self, pool_cfg: PoolConfig, actors: ActorSet, ledger: EpisodeLedger, on_actor_back: Callable[[int], None],
+                 recorder: Recorder | None = None):
         self.cfg = pool_cfg
         self._actors = actors
         self._ledger = ledger
@@ -65,10 +70,28 @@ class Scheduler:
         self._head_unreachable_since: float | None = None
         self._head_checked_at = 0.0
         self._interrupt_reason: str | None = None
+        self._recorder = recorder if recorder is not None else NULL_RECORDER
+        self._queue_gauge = self._recorder.bind(R.QUEUE_DEPTH)
+        self._retries = self._recorder.bind(R.EPISODE_RETRIES)
+        self._load_gauges: list[Instrument] = []
+        self._published: list[int] = []  # queue depth, then each actor's load, as last recorded (-1: never)
 
     def reset(self) -> None:
         """Size the per-actor loads to the actor set (after it started)."""
         self._load = [0] * len(self._actors.actors)
+        self._load_gauges = [self._recorder.bind(R.EPISODES_IN_FLIGHT, actor=str(i)) for i in range(len(self._load))]
+        self._published = [-1] * (1 + len(self._load))
+        self._publish()
+
+    def _publish(self) -> None:
+        """Record the queue depth and the per-actor loads that changed since last recorded."""
+        now = [len(self._pending), *self._load]
+        if now == self._published:
+            return
+        for k, (n, was) in enumerate(zip(now, self._published)):
+            if n != was:
+                (self._queue_gauge if k == 0 else self._load_gauges[k - 1]).record(n)
+        self._published = now
 
     # -- what is outstanding -----------------------------------------------------------------
     @property
@@ -101,10 +124,17 @@ class Scheduler:
         """Remove and return every queued spec (not dispatched yet)."""
         out = list(self._pending)
         self._pending.clear()
+        self._publish()
         return out
 
     def dispatch(self) -> None:
         """Start queued episodes on the least-loaded healthy actors while one has a free slot."""
+        try:
+            self._dispatch()
+        finally:
+            self._publish()
+
+    def _dispatch(self) -> None:
         cap = self.cfg.max_concurrent_episodes
         while self._pending and self._actors.actors:
             healthy = self.healthy()
@@ -161,6 +191,7 @@ class Scheduler:
                     continue
                 spec, i, _ = self._inflight.pop(ref)
                 self._load[i] -= 1
+                self._publish()
                 result = self._collect(ref, spec, i)
                 if result is None:
                     continue
@@ -197,6 +228,7 @@ class Scheduler:
             retry = dataclasses.replace(spec, attempt=spec.attempt + 1)
             logger.warning("episode %s: %s; retrying (attempt %d)", spec.episode_id, err, retry.attempt)
             self._ledger.count("episode_retries")
+            self._retries.record(1)
             self._pending.appendleft(retry)
             return None
         logger.error("episode %s: %s; out of retries", spec.episode_id, err)
@@ -211,6 +243,7 @@ class Scheduler:
             if now - t > limit:
                 del self._inflight[ref]
                 self._load[i] -= 1
+                self._publish()
                 try:
                     ray.cancel(ref, force=False)
                 except Exception as e:
@@ -289,9 +322,12 @@ class Scheduler:
         self._inflight.clear()
         self._late.clear()
         self._load = [0] * len(self._actors.actors)
+        self._publish()
         return self._ledger.hand_back(specs)
 
     def clear(self) -> None:
         """Forget the queued and running episodes (the actors are being shut down)."""
         self._inflight.clear()
         self._pending.clear()
+        self._load = [0] * len(self._load)
+        self._publish()

@@ -32,6 +32,7 @@ from rollout.core.export import get_exporter
 from rollout.core.groups import Excluded, GroupAssembler, Rerun, TrainingPolicy
 from rollout.core.pool.ledger import Delivery
 from rollout.core.records import EpisodeSpec, InteractionResult, TrainingSample
+from rollout.core.telemetry.recorder import Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -70,16 +71,18 @@ class TrainingStreams:
         cfg: the whole config (``rollout``: the training policy, group failures and filters,
             ``n_samples_per_task``; ``pool``: the capacity ``collect_groups`` keeps busy).
         feed: the pool's side (:class:`Feed`).
+        recorder: where exclusions and group outcomes are recorded (the group assembler's;
+            ``None``: nowhere).
 
     Attributes:
         policy: the training policy every stream applies.
     """
 
-    def __init__(self, cfg: Config, feed: Feed):
+    def __init__(self, cfg: Config, feed: Feed, recorder: Recorder | None = None):
         r = cfg.rollout
         self.cfg = cfg
         self.policy = TrainingPolicy.from_config(r)
-        self._assembler = GroupAssembler(self.policy, r.on_group_failure, r.max_member_reruns, r.filter_groups)
+        self._assembler = GroupAssembler(self.policy, r.on_group_failure, r.max_member_reruns, r.filter_groups, recorder=recorder)
         self._feed = feed
         self._split = get_exporter(r.sample_mode, keep_messages=r.keep_messages).split  # episode sample -> the mode's samples
         self._results: collections.deque[Delivery] = collections.deque()  # delivered, not handed out as results

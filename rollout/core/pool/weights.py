@@ -26,6 +26,8 @@ from rollout.core.policy import RouterAdmin, api_key_from_env
 from rollout.core.pool.actors import ActorSet
 from rollout.core.pool.specs import as_weight_version
 from rollout.core.pool.steps import StepRunner
+from rollout.core.telemetry import registry as R
+from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +98,15 @@ class WeightSync:
             ``policy.api_key_env``, ``rollout.weight_version``).
         actors: the actor set whose gates close and open.
         healthy: the indices of the actors to gate (those not down).
+        recorder: where the weight version, the updates' durations and the pauses' durations
+            (pause to resume) are recorded (``None``: nowhere).
 
     Attributes:
         last_pause: what the last :meth:`pause` met (``None`` before the first).
         counts: ``weight_updates`` and ``generate_calls_paused``.
     """
 
-    def __init__(self, cfg: Config, actors: ActorSet, healthy: Callable[[], list[int]]):
+    def __init__(self, cfg: Config, actors: ActorSet, healthy: Callable[[], list[int]], recorder: Recorder | None = None):
         self.cfg = cfg
         self._actors = actors
         self._healthy = healthy
@@ -111,6 +115,15 @@ class WeightSync:
         self._admin_loop: AdminLoop | None = None
         self.last_pause: PauseReport | None = None
         self.counts: collections.Counter[str] = collections.Counter(weight_updates=0, generate_calls_paused=0)
+        self._recorder = recorder if recorder is not None else NULL_RECORDER
+        self._version_gauge = self._recorder.bind(R.WEIGHT_VERSION)
+        self._update_s = self._recorder.bind(R.WEIGHT_UPDATE_DURATION)
+        self._paused_at: float | None = None  # time.monotonic() when the pause began
+
+    def publish(self) -> None:
+        """Record the current weight version (the pool calls it once Ray is up: a record made
+        before that is lost)."""
+        self._version_gauge.record(self._weight_version)
 
     @property
     def weight_version(self) -> int:
@@ -124,6 +137,7 @@ class WeightSync:
             ValueError: ``version`` is not an integer.
         """
         self._weight_version = as_weight_version(version)
+        self.publish()
 
     @property
     def paused(self) -> str | None:
@@ -155,6 +169,8 @@ class WeightSync:
             raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
         t0 = time.monotonic()
         self._paused = mode
+        if self._paused_at is None:
+            self._paused_at = t0
         gates = self._actors.set_gates(False, self._healthy())
         admin = self._admin()
         urls = admin.run(lambda: admin.admin.pause(mode))
@@ -176,6 +192,9 @@ class WeightSync:
         admin = self._admin()
         urls = admin.run(lambda: admin.admin.resume())
         self._actors.set_gates(True, self._healthy())
+        if self._paused_at is not None and self._paused is not None:
+            self._recorder.bind(R.PAUSE_DURATION, mode=self._paused).record(time.monotonic() - self._paused_at)
+        self._paused_at = None
         self._paused = None
         logger.info("generation resumed on %d worker(s)", len(urls))
         return urls
@@ -205,7 +224,9 @@ class WeightSync:
             raise WeightSyncError(f"update_weights_from_disk({model_path!r}, weight_version={version})", wrong)
         self._weight_version = version
         self.counts["weight_updates"] += 1
+        self.publish()
         self.resume()
+        self._update_s.record(time.monotonic() - t0)
         logger.info("weights updated to version %d from %s on %d worker(s) in %.2fs", version, model_path, len(urls), time.monotonic() - t0)
         return answers
 
