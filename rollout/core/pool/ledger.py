@@ -56,14 +56,19 @@ class EpisodeLedger:
             (:meth:`InteractionResult.to_sample`, the default; the pool passes
             ``rollout.keep_messages`` to it). The sample modes cut it later, where samples are
             handed out (:mod:`rollout.core.pool.streams`, :mod:`rollout.core.sample_modes`).
+        weight_version: ``() -> int``, the trainer's current weight version, journaled with each
+            delivered episode (what staleness is judged against: a replay reproduces it); ``None``:
+            not journaled.
 
     Attributes:
         counts: the episode counters (every key of :data:`POOL_COUNTERS` and ``status_<status>``
             for every :class:`~rollout.core.records.EpisodeStatus`, 0 until counted).
     """
 
-    def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample):
+    def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample,
+                 weight_version: Callable[[], int] | None = None):
         self._to_sample = to_sample
+        self._weight_version = weight_version
         self._submitted: set[str] = set()
         self._delivered: set[str] = set()
         self._restored: set[str] = set()
@@ -138,7 +143,10 @@ class EpisodeLedger:
             c["episodes_restarted"] += 1
         d = Delivery(result, self._to_sample)
         if journal and self._journal is not None:
-            self._journal.record(d.sample)
+            if self._weight_version is None:
+                self._journal.record(d.sample)
+            else:
+                self._journal.record(d.sample, weight_version=self._weight_version())
         return d
 
     def hand_back(self, specs: Iterable[EpisodeSpec]) -> list[EpisodeSpec]:
@@ -153,6 +161,12 @@ class EpisodeLedger:
         """Record into ``journal`` (a :class:`rollout.core.journal.RunJournal`) every spec
         registered and every episode delivered from now on."""
         self._journal = journal
+
+    def journal_cancel(self, weight_version: int) -> None:
+        """Journal that the trainer cancelled what is outstanding (at ``weight_version``), so that
+        a replay hands back the same episodes at the same point (no-op without a journal)."""
+        if self._journal is not None:
+            self._journal.record_cancel(weight_version)
 
     def restore(self, journal, replay: Callable[[TrainingSample], list[Rerun]], weight_version: int) -> list[EpisodeSpec]:
         """Take a journaled run (a :class:`rollout.core.journal.RunJournal`): its specs are
