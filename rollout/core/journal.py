@@ -331,13 +331,11 @@ class RunRecord:
         return all(v is not None for _, v in self.episodes)
 
 
-def load_run(output_dir: str | Path) -> RunRecord:
-    """Read the journal of the run in ``output_dir`` (finished, or stopped: what it delivered).
+def check_run_folder(output_dir: str | Path) -> None:
+    """Check that ``output_dir`` holds a run's journal (a ``specs.jsonl`` with a spec in it).
 
     Raises:
-        JournalError: ``output_dir`` is not a folder, or holds no run journal (no ``specs.jsonl``
-            with a spec in it), or the journal is corrupt (a line that is not JSON; an episode
-            of a group ``specs.jsonl`` lacks). One line naming the folder or the file.
+        JournalError: it does not, or is no folder; one line naming it and what it holds.
     """
     d = Path(output_dir)
     if not d.is_dir():
@@ -347,6 +345,19 @@ def load_run(output_dir: str | Path) -> RunRecord:
         found = ", ".join(sorted(p.name for p in d.iterdir())[:6]) or "nothing"
         raise JournalError(f"{d} is not a run folder: it has no journal ({SPECS_FILE}, {EPISODES_FILE}, {STATE_FILE}, written by "
                            f"`python -m rollout run` and launch/train_grpo_tiny.py); found {found}")
+
+
+def load_run(output_dir: str | Path) -> RunRecord:
+    """Read the journal of the run in ``output_dir`` (finished, or stopped: what it delivered).
+
+    Raises:
+        JournalError: ``output_dir`` is not a folder, or holds no run journal (no ``specs.jsonl``
+            with a spec in it), or the journal is corrupt (a line that is not JSON; an episode
+            of a group ``specs.jsonl`` lacks). One line naming the folder or the file.
+    """
+    d = Path(output_dir)
+    check_run_folder(d)
+    specs_path = d / SPECS_FILE
     try:
         specs = [EpisodeSpec(**x) for x in _read_jsonl(specs_path)]
     except TypeError as e:

@@ -356,3 +356,13 @@ def test_the_async_api_over_a_replay_gives_the_same_groups_without_the_runs_poll
 
     assert asyncio.run(trainer()) == live_log
     assert pool.last_pause is not None and pool.last_pause.workers == [] and pool.paused is None
+
+
+def test_without_config_yaml_the_config_hashed_into_run_json_is_used(tmp_path):
+    """run.json keeps every key that shapes the data (not the endpoints, which a replay does not
+    need): enough to replay the same groups."""
+    out, cfg, live, live_log = _live_run(tmp_path, 2, False)
+    (out / "config.yaml").unlink()
+    pool = ReplayPool.open(out)
+    assert pool.cfg.rollout.filter_groups == "zero_variance" and pool.cfg.rollout.max_staleness == 1
+    assert train_like_grpo(pool, 6, 3, False, 2) == live_log

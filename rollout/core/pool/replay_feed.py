@@ -119,6 +119,7 @@ class ReplayFeed:
             self._first_spec.setdefault(s.group_id, i)
         self._order = list(self._groups)  # group ids in submission order
         self._next_group = 0  # groups before it in self._order are registered with the streams
+        self._open_specs: dict[str, tuple[int, EpisodeSpec]] = {}  # registered, not delivered: id -> (spec index, spec)
         self._journaled = {s.episode_id for s, _ in self._entries}
         self._asked: dict[str, EpisodeSpec] = {}  # re-runs the streams asked for and not delivered, in order
         self._queue: collections.deque[Delivery] = collections.deque()  # made here (cancelled before they started)
@@ -272,17 +273,20 @@ class ReplayFeed:
         group whose first spec comes at or before ``spec_index``."""
         assert self._streams is not None, "attach() the streams first"
         while self._next_group < len(self._order) and self._first_spec[self._order[self._next_group]] <= spec_index:
-            specs = self._groups[self._order[self._next_group]]
+            gid = self._order[self._next_group]
+            specs = self._groups[gid]
             self._next_group += 1
             self.ledger.register(specs)  # the members' specs: the base of their re-runs
-            for s in specs:
+            for k, s in enumerate(specs):
                 self.ledger.submitted(s)
+                self._open_specs[s.episode_id] = (self._first_spec[gid] + k, s)
             self._streams.expect(specs)
 
     def _deliver(self, sample: TrainingSample, version: int | None) -> Delivery:
         eid = sample.episode_id
         self._expect_through(self._first_spec[sample.group_id])
         self._asked.pop(eid, None)
+        self._open_specs.pop(eid, None)
         self._draining.discard(eid)
         if version is not None:
             self._seen = version if self._seen is None else max(self._seen, version)
@@ -295,13 +299,13 @@ class ReplayFeed:
         assert self._streams is not None, "attach() the streams first"
         self._expect_through(cancel.specs - 1)
         self._streams.abandon_open_groups()
-        specs = [s for s in self._record.specs[:cancel.specs] if not self.ledger.is_delivered(s.episode_id)]
-        specs += [s for s in self._asked.values() if not self.ledger.is_delivered(s.episode_id)]
+        specs = [s for i, s in self._open_specs.values() if i < cancel.specs] + list(self._asked.values())
         for spec in specs:
             if spec.episode_id in self._journaled:
                 self._draining.add(spec.episode_id)
                 continue
             self._asked.pop(spec.episode_id, None)
+            self._open_specs.pop(spec.episode_id, None)
             result = InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
             self._queue.append(self.ledger.deliver(result, journal=False))  # as the run did: never journaled
         self.ledger.count("episodes_cancelled_outstanding", len(specs))
