@@ -144,7 +144,14 @@ class WandbLogger(StepLogger):
         self._run.log(dict(figures), step=int(step))
 
     def close(self) -> None:
+        """Finish the run. W&B's service process writes the run file after ``finish`` returns (seen
+        here: up to a second later), so when no other W&B run is active in this process the
+        service is shut down too (``wandb.teardown``, as at exit), and the files are complete."""
+        import wandb
+
         self._run.finish()
+        if wandb.run is None:
+            wandb.teardown()
 
 
 def open_step_logger(kind: str, out_dir: str | Path, *, run_name: str | None = None, config: dict[str, Any] | None = None) -> StepLogger:
