@@ -1,6 +1,7 @@
 """A GRPO loop that trains the local stack's tiny model on the CPU, around the rollout pool.
 
-    python launch/train_grpo_tiny.py --config configs/local.yaml local.backend=tiny --steps 3
+    python launch/train_grpo_tiny.py --config configs/local.yaml local.backend=tiny --steps 3 [--logger tensorboard]
+    python launch/train_grpo_tiny.py --replay outputs/grpo_tiny --steps 3    # the same groups again, nothing started
 
 It is a plain torch trainer written the way a Ray-based trainer uses the pool (one step
 off-policy, as slime and AReaL run asynchronously). B is ``--groups-per-step``:
@@ -60,10 +61,29 @@ episode ends, i.e. during the next step: ``episodes_interrupted`` / ``episodes_c
 episodes delivered during this step (its collection and training) that an update interrupted /
 whose turn was continued, which are the previous step's update's (step 0's are 0).
 
+Each line also says what the pool handed the trainer: ``group_episode_ids`` (each group's
+episodes, in the order the groups came) and ``excluded_episodes`` (``[episode id, reason]`` of
+what ``pool.excluded()`` gave during the step). With ``--logger tensorboard`` or ``--logger
+wandb`` the line's numbers also go to TensorBoard (an event file under
+``<output_dir>/tensorboard``) or to W&B in offline mode (``<output_dir>/wandb/offline-run-*``);
+the packages are the ``logging`` extra, and a missing one is one line (exit 2) before anything
+starts.
+
+The run is journaled in ``rollout.output_dir`` (``specs.jsonl``, ``episodes.jsonl``,
+``events.jsonl``, ``run.json``, ``config.yaml``; replaced on each run, as ``train_log.jsonl`` is).
+``--replay DIR`` trains on it again with nothing started (no Ray, no router, no server): the
+pool is :class:`rollout.core.pool.ReplayPool` over DIR's journal, the config DIR's own, the output
+``DIR/replay``. The loop makes the same calls, so each step gets the groups the run's step got, in
+the same order, with the same exclusions; the weight updates only move the trainer's version on,
+and the check that updates interrupted generation is skipped (it needs live generation). The
+training is deterministic on the CPU, so the replay's log-prob check passes too: its trainer
+reaches the weights the run's servers sampled with.
+
 At the end the script checks that every submitted episode id was delivered exactly once (in a
 kept group or through ``pool.excluded()``), that no step's ``max_abs_logprob_diff`` exceeds
 ``--max-logprob-diff``, and that every checked update interrupted at least one ``/generate`` call
-(unless ``--allow-idle-updates``); it exits 1 when one fails, 2 on a bad configuration.
+(unless ``--allow-idle-updates``; not with ``--replay``); it exits 1 when one fails, 2 on a bad
+configuration.
 
 The tiny model is random and will not get good at tau2. Its reward signal: the script's default
 tasks are the retail tasks whose correct outcome leaves the database unchanged (tau2 gives 1.0
@@ -76,6 +96,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import copy
 import itertools
 import json
@@ -89,6 +110,8 @@ from pathlib import Path
 
 # Ray uploads the working directory and runs the job from it (see launch/job.py).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rollout.integrations.step_logger import LOGGERS  # noqa: E402  (after the path above)
 
 logger = logging.getLogger("train_grpo_tiny")
 
@@ -113,7 +136,7 @@ TRAIN_DEFAULTS = [
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="train_grpo_tiny.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", "-c", default="configs/local.yaml")
+    p.add_argument("--config", "-c", default=None, help="YAML config (default configs/local.yaml; with --replay: the run's own)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--groups-per-step", type=int, default=4, help="B: kept GRPO groups per step")
     p.add_argument("--rollout-ahead", type=int, default=None,
@@ -125,6 +148,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=1800.0, help="give up when no episode ends, or no generation starts, for this long")
     p.add_argument("--allow-idle-updates", action="store_true",
                    help="do not exit 1 when a step's update (the last step's excepted) interrupted no /generate call")
+    p.add_argument("--logger", choices=LOGGERS, default="none",
+                   help="also log each step's figures to TensorBoard (OUT/tensorboard) or W&B in offline mode (OUT/wandb); "
+                        "needs the 'logging' extra")
+    p.add_argument("--replay", metavar="DIR", default=None,
+                   help="train on the groups a finished run of this script delivered (its output folder DIR: the journal), in the "
+                        "same order, with nothing started (no Ray, no server); the config is the run's, the output DIR/replay")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     from rollout.app.cli import parse_args_with_overrides
 
@@ -346,6 +375,41 @@ class TinyTrainer:
             del self.snapshots[v]
 
 
+@contextlib.contextmanager
+def episode_source(cfg, args):
+    """What the loop takes its groups from: ``(cfg, pool, task_ids, probe)``.
+
+    Live: the local stack's pool (:func:`rollout.open_pool`; ``cfg`` with its endpoints resolved),
+    the run journaled into ``rollout.output_dir`` (replaced on each run, as ``train_log.jsonl`` is)
+    so that ``--replay`` can read it, and a :class:`ServerProbe`. With ``args.replay``: the finished
+    run's :class:`rollout.core.pool.ReplayPool` (no Ray, no server: ``probe`` is ``None``, the task
+    ids are not used).
+    """
+    if args.replay is not None:
+        from rollout.core.pool import ReplayPool
+
+        yield cfg, ReplayPool.open(args.replay, cfg), [], None
+        return
+    from rollout.app.wiring import open_pool
+    from rollout.core.journal import CONFIG_FILE, RunJournal
+    from rollout.core.policy import api_key_from_env
+
+    out = Path(cfg.rollout.output_dir)
+    journal = RunJournal.open(out, cfg, overwrite=True)
+    status, reason = "interrupted", "the run stopped before it ended"
+    try:
+        with open_pool(cfg, log_dir_name="train_stack_logs") as (rcfg, pool, task_ids):
+            (out / CONFIG_FILE).write_text(cfg.to_yaml())  # names of key variables only, as rollout run writes
+            pool.attach_journal(journal)
+            yield rcfg, pool, task_ids, ServerProbe(rcfg.policy.router_url, api_key_from_env(rcfg.policy.api_key_env))
+        status, reason = "finished", None
+    except BaseException as e:
+        reason = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        journal.close(status, reason)
+
+
 def train(cfg, args) -> dict:
     """Run the loop (see the module docstring); returns the run summary.
 
@@ -354,15 +418,15 @@ def train(cfg, args) -> dict:
             are inconsistent (:func:`check_args`).
         TimeoutError: no episode ended, or no generation started before an update, within
             ``args.timeout_s`` seconds.
+        rollout.core.journal.JournalError: ``--replay`` names no run folder.
     """
     problem = check_args(args)
     if problem is not None:
         raise ValueError(problem)
     import torch
 
-    from rollout.app.wiring import open_pool
-    from rollout.core.policy import api_key_from_env
     from rollout.core.tokenizer import load_tokenizer
+    from rollout.integrations.step_logger import open_step_logger, scalar_figures
 
     if not (cfg.local.enabled and cfg.local.backend == "tiny"):
         raise ValueError("train_grpo_tiny.py trains the local stack's tiny model: set local.enabled=true local.backend=tiny")
@@ -375,8 +439,9 @@ def train(cfg, args) -> dict:
     delivered: list[str] = []
     log: list[dict] = []
     b, ahead = args.groups_per_step, args.rollout_ahead
-    with open_pool(cfg, log_dir_name="train_stack_logs") as (cfg, pool, task_ids):
-        probe = ServerProbe(cfg.policy.router_url, api_key_from_env(cfg.policy.api_key_env))
+    tlog_config = {"args": {k: v for k, v in vars(args).items() if k != "overrides"}, "overrides": list(args.overrides), "config": cfg.to_dict()}
+    with episode_source(cfg, args) as (cfg, pool, task_ids, probe), \
+            open_step_logger(args.logger, out, run_name=out.name, config=tlog_config) as tlog:
         tasks = itertools.cycle(task_ids)
         prev = pool.stats()
         pool.prefetch(b, tasks)
@@ -403,9 +468,12 @@ def train(cfg, args) -> dict:
             if not last:
                 pool.prefetch(b, tasks)  # fewer than B complete groups wait: the rest of the next batch starts now
             path = trainer.save(out / "weights" / f"step_{step + 1}", step + 1)
-            generating, waited = wait_for_generation(pool, probe, tasks, b, args.timeout_s) if not last else (probe.generating(), 0.0)
+            if probe is None:  # a replay: no server to wait for
+                generating, waited = 0, 0.0
+            else:
+                generating, waited = wait_for_generation(pool, probe, tasks, b, args.timeout_s) if not last else (probe.generating(), 0.0)
             outstanding = pool.num_outstanding
-            pool.update_weights_from_disk(str(path), weight_version=step + 1)
+            pool.update_weights_from_disk(str(path), weight_version=step + 1)  # a replay: the version only
             met = pool.last_pause
             excluded = list(pool.excluded())
             delivered += [s.metadata["episode_id"] for s in samples] + [e.sample.metadata["episode_id"] for e in excluded]
@@ -420,18 +488,22 @@ def train(cfg, args) -> dict:
                 "episodes_submitted": d("episodes_submitted"), "episodes_delivered": d("episodes_delivered"),
                 "episodes_interrupted": d("episodes_interrupted"), "episodes_continued": d("episodes_continued"),
                 "episodes_excluded": len(excluded), "episodes_outstanding_at_update": outstanding,
-                "update_checked": not last, "update_generating_requests": generating, "update_waited_s": round(waited, 3),
+                "update_checked": not last and probe is not None, "update_generating_requests": generating, "update_waited_s": round(waited, 3),
                 "update_episodes_running": met.episodes_running, "update_interrupted_calls": met.generate_calls_out,
                 "weight_versions_seen": versions,
                 "reward_mean": sum(ep_rewards.values()) / max(len(ep_rewards), 1),  # per episode, whatever rollout.sample_mode
                 "max_abs_logprob_diff": diff, "logprob_tokens_checked": checked, **stats,
                 "seconds": round(time.monotonic() - t0, 2),
+                # what the pool handed the trainer: each group's episodes, in order, and what it kept out (--replay compares them)
+                "group_episode_ids": [list(dict.fromkeys(s.episode_id for s in g)) for g in groups],
+                "excluded_episodes": [[e.sample.episode_id, e.reason] for e in excluded],
             }
             prev = now
             log.append(line)
+            tlog.log(step, scalar_figures(line))
             with open(out / "train_log.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
-            print(json.dumps(line), flush=True)
+            print(json.dumps({k: v for k, v in line.items() if k not in ("group_episode_ids", "excluded_episodes")}), flush=True)
         pool.cancel_outstanding(timeout_s=args.timeout_s)
         unused = [s.metadata["episode_id"] for g in pool.groups() for s in g]  # complete, never handed out
         delivered += unused + [e.sample.metadata["episode_id"] for e in pool.excluded()]
@@ -447,40 +519,67 @@ def train(cfg, args) -> dict:
         "max_abs_logprob_diff": max((line["max_abs_logprob_diff"] for line in log), default=0.0),
         "episodes_interrupted": int(final.get("episodes_interrupted", 0)), "episodes_continued": int(final.get("episodes_continued", 0)),
         "update_interrupted_calls": [line["update_interrupted_calls"] for line in log], "idle_updates": idle_updates(log),
-        "pool": final,
+        "replay_of": args.replay, "pool": final,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
+def load_train_config(args):
+    """The config: ``--config`` (default configs/local.yaml) with :data:`TRAIN_DEFAULTS` and the
+    overrides; with ``--replay DIR`` the run's own (``DIR/config.yaml``, or ``--config``) with the
+    overrides, its output in ``DIR/replay`` unless ``rollout.output_dir`` is overridden.
+
+    Raises:
+        rollout.core.config.ConfigError, FileNotFoundError, rollout.core.journal.JournalError.
+    """
+    from rollout.core.config import load_config
+
+    if args.replay is not None:
+        from rollout.app.replay import replay_config
+
+        return replay_config(args.replay, args.config, list(args.overrides))
+    return load_config(args.config or "configs/local.yaml", TRAIN_DEFAULTS + list(args.overrides))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rollout.core.config import ConfigError, load_config
+    from rollout.core.config import ConfigError
+    from rollout.core.journal import JournalError
     from rollout.core.logs import setup_logging
+    from rollout.integrations.step_logger import MissingLoggerPackage, check_logger
 
     problem = check_args(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config, TRAIN_DEFAULTS + list(args.overrides))
+        check_logger(args.logger)  # one line, before anything starts
+        cfg = load_train_config(args)
+    except (MissingLoggerPackage, JournalError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.logging)
     try:
         summary = train(cfg, args)
-    except ValueError as e:
+    except (ValueError, JournalError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"exactly once: {summary['episodes_submitted']} submitted, {summary['episodes_delivered']} delivered, "
           f"{summary['duplicates']} duplicates, {summary['missing']} missing")
     print(f"weight versions seen {summary['weight_versions_seen']}; episodes interrupted {summary['episodes_interrupted']}, "
           f"continued {summary['episodes_continued']}; max |trainer - rollout| log-prob {summary['max_abs_logprob_diff']:.3e}")
-    print(f"/generate calls interrupted by each step's update {summary['update_interrupted_calls']} (the last step's is not checked); "
-          f"idle checked updates: {summary['idle_updates'] or 'none'}" + (" (allowed: --allow-idle-updates)" if args.allow_idle_updates else ""))
+    if args.replay is not None:
+        print(f"replay of {args.replay}: no server, no weight update on one; the check that every update interrupted /generate calls "
+              "needs live generation and is skipped")
+    else:
+        print(f"/generate calls interrupted by each step's update {summary['update_interrupted_calls']} (the last step's is not checked); "
+              f"idle checked updates: {summary['idle_updates'] or 'none'}" + (" (allowed: --allow-idle-updates)" if args.allow_idle_updates else ""))
     print(f"train log: {Path(cfg.rollout.output_dir) / 'train_log.jsonl'}")
-    return 0 if run_ok(summary, args.max_logprob_diff, args.allow_idle_updates) else 1
+    return 0 if run_ok(summary, args.max_logprob_diff, args.allow_idle_updates or args.replay is not None) else 1
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ _EXPORTS = {
     "open_pool": "rollout.app.wiring",
     # the pool and how a run ends early
     "RolloutPool": "rollout.core.pool",
+    "ReplayPool": "rollout.core.pool",
     "RunAborted": "rollout.core.pool",
     "RunInterrupted": "rollout.core.pool",
     "NoHealthyActorError": "rollout.core.pool",

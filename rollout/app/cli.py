@@ -9,7 +9,8 @@ bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summar
 episodes and prints pass^k / pass@k (:mod:`rollout.app.evaluation`). ``config`` prints the merged
 config. ``view`` serves the trajectory viewer over a run's output folder
 (:mod:`rollout.app.viewer`, docs/viewer.md) until SIGINT / SIGTERM. A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
-``--overwrite`` replaces one. Exit status: 0 when every episode ended with a policy outcome, 3
+``--overwrite`` replaces one; ``--replay DIR`` runs nothing and replays the finished run in DIR
+through the training streams into the same files (:mod:`rollout.app.replay`). Exit status: 0 when every episode ended with a policy outcome, 3
 when some ended with an infrastructure failure, 2 on a bad config or an output directory that
 holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
 SIGINT / SIGTERM stopped it (the summary says ``interrupted``). Exit 2 is for what the user can
@@ -270,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="finish the run in rollout.output_dir: run only its undelivered episodes")
     mode.add_argument("--overwrite", action="store_true", help="replace the run in rollout.output_dir")
+    run.add_argument("--replay", metavar="DIR", default=None,
+                     help="run nothing: replay the finished run in DIR (its journal, its config unless --config) through the training "
+                          "streams into rollout.output_dir (default DIR/replay); no Ray, router or local stack")
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pool.num_actors=4")
     ev = sub.add_parser("eval", help="run every task n times; print pass^k, pass@k and mean reward, write eval.json")
     ev.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.overrides:
             parser.error(f"unrecognized arguments: {' '.join(args.overrides)}")
         return view(args)
+    if args.command == "run" and args.replay is not None:
+        return _replay(args)
     if args.command == "formats":
         from rollout.app.formats import format_table, formats_json
 
@@ -343,6 +349,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resume with: python -m rollout run --resume <the same arguments>  (rollout.output_dir={cfg.rollout.output_dir})")
         reason = summary.get("reason") or ""
         return 130 if "SIGINT" in reason else 143 if "SIGTERM" in reason else 4
+    infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
+    return 3 if infra else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``run --replay DIR`` (:mod:`rollout.app.replay`): exit codes as ``run``'s (2: a bad config,
+    a folder that is not a run, an output folder that holds one)."""
+    from rollout.app.preflight import PreflightError
+    from rollout.app.replay import replay_config, replay_job
+    from rollout.core.journal import JournalError
+    from rollout.core.logs import setup_logging
+
+    if args.resume:
+        print("error: --replay runs nothing, so there is nothing to --resume", file=sys.stderr)
+        return 2
+    try:
+        cfg = replay_config(args.replay, args.config, args.overrides)
+        setup_logging(cfg.logging)
+        summary = replay_job(args.replay, cfg, overwrite=args.overwrite)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except (JournalError, PreflightError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    files = summary["files"]
+    print(f"replay of {args.replay}: samples: {files['samples.jsonl']}  (kept out of training: {files['failed.jsonl']}, {files['filtered.jsonl']})")
     infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
     return 3 if infra else 0
 

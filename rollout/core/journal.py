@@ -11,13 +11,26 @@ Files (all in ``rollout.output_dir``, each line flushed as it is written):
 * ``episodes.jsonl``: every episode delivered, one :class:`~rollout.core.records.TrainingSample` per
   line, in delivery order, written the moment the pool delivers it (before grouping or
   filtering: this is the write-ahead log; ``samples.jsonl`` and the other files of
-  :mod:`rollout.core.output` are views of it).
+  :mod:`rollout.core.output` are views of it). Each line's ``metadata`` also holds
+  :data:`DELIVERY_VERSION_KEY`: the trainer's weight version when the pool delivered the episode
+  (what ``rollout.max_staleness`` judged it against); reading the journal takes it out again, so
+  the samples read back equal those the trainer was handed;
+* ``events.jsonl``: what the trainer did to the streams besides taking from them, one JSON object
+  per line in order: ``{"event": "cancel_outstanding", "delivered": D, "specs": S,
+  "weight_version": V}`` for each :meth:`rollout.core.pool.RolloutPool.cancel_outstanding`
+  (``D`` episodes journaled and ``S`` specs submitted before it, at trainer version ``V``).
 
 A resumed run (:meth:`RunJournal.open` with ``resume=True``, ``rollout run --resume``) runs the
 specs that are not in ``episodes.jsonl`` (what was in flight or queued) and replays the delivered
 samples into the pool's group streams (:meth:`rollout.core.pool.RolloutPool.restore`), so groups,
 re-runs of failed members and filters come out as if the run had never stopped. A config that
 changed in a key that shapes the data (:func:`config_fingerprint`) is refused.
+
+:func:`load_run` reads a finished (or stopped) run back for
+:class:`rollout.core.pool.replay.ReplayPool`, which streams it through the training streams again
+without running anything. Journals written before the delivery versions and ``events.jsonl``
+existed still load (:attr:`RunRecord.exact_versions` and :attr:`RunRecord.cancels` say what they
+lack).
 
 The cost: each sample is stored twice (``episodes.jsonl`` and its view), about 2x the disk of
 the samples alone.
@@ -30,11 +43,14 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from rollout.core.config import Config
+from omegaconf import OmegaConf
+
+from rollout.core.config import Config, load_config
 from rollout.core.records import EpisodeSpec, TrainingSample
 
 logger = logging.getLogger(__name__)
@@ -42,8 +58,13 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "run.json"
 SPECS_FILE = "specs.jsonl"
 EPISODES_FILE = "episodes.jsonl"
+EVENTS_FILE = "events.jsonl"
+CONFIG_FILE = "config.yaml"
 # Everything a run writes; --overwrite removes these and nothing else.
-RUN_FILES = (STATE_FILE, SPECS_FILE, EPISODES_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl", "summary.json", "config.yaml")
+RUN_FILES = (STATE_FILE, SPECS_FILE, EPISODES_FILE, EVENTS_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl", "summary.json", CONFIG_FILE)
+# The metadata key of an episodes.jsonl line that holds the trainer's weight version at delivery
+# (written by the journal, taken out when it is read).
+DELIVERY_VERSION_KEY = "delivered_at_weight_version"
 
 # Keys that do not change the data a run produces: they may differ on --resume.
 _VOLATILE = {
@@ -113,6 +134,13 @@ def holds_run(output_dir: str | Path) -> bool:
     return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in DATA_FILES)
 
 
+def _episode(line: dict[str, Any]) -> tuple[TrainingSample, int | None]:
+    """A journaled episode line as ``(sample, the trainer's version at delivery or None)``; the
+    version is taken out of the sample's metadata."""
+    v = (line.get("metadata") or {}).pop(DELIVERY_VERSION_KEY, None)
+    return TrainingSample.from_dict(line), (None if v is None else int(v))
+
+
 class RunJournal:
     """The journal of one run in ``output_dir`` (see the module docstring). Use :meth:`open`.
 
@@ -135,6 +163,9 @@ class RunJournal:
         self._spec_ids = {s.episode_id for s in specs}
         self._specs_f = open(self.dir / SPECS_FILE, "a")  # noqa: SIM115 (closed by close())
         self._episodes_f = open(self.dir / EPISODES_FILE, "a")  # noqa: SIM115
+        # events.jsonl exists from the start, so that a replay tells "no cancel" from a journal
+        # written before events were recorded
+        self._events_f = open(self.dir / EVENTS_FILE, "a")  # noqa: SIM115
 
     @classmethod
     def open(cls, output_dir: str | Path, cfg: Config, resume: bool = False, overwrite: bool = False) -> "RunJournal":
@@ -176,7 +207,7 @@ class RunJournal:
             specs = [EpisodeSpec(**x) for x in _read_jsonl(d / SPECS_FILE)]
             delivered: dict[str, TrainingSample] = {}
             for x in _read_jsonl(d / EPISODES_FILE):
-                s = TrainingSample.from_dict(x)
+                s, _ = _episode(x)
                 delivered.setdefault(s.episode_id, s)
             state.update(status="running", resumed=int(state.get("resumed", 0)) + 1, resumed_at=time.time())
             j = cls(d, state, specs, delivered, resumed=True)
@@ -197,11 +228,22 @@ class RunJournal:
         self._spec_ids.update(s.episode_id for s in new)
         self.specs += new
 
-    def record(self, sample: TrainingSample) -> None:
-        """Append one delivered episode."""
-        self._episodes_f.write(json.dumps(sample.to_dict()) + "\n")
+    def record(self, sample: TrainingSample, weight_version: int | None = None) -> None:
+        """Append one delivered episode; ``weight_version``: the trainer's version at its delivery
+        (kept in the line's metadata as :data:`DELIVERY_VERSION_KEY`; ``sample`` is not changed)."""
+        line = sample.to_dict()
+        if weight_version is not None:
+            line["metadata"][DELIVERY_VERSION_KEY] = int(weight_version)
+        self._episodes_f.write(json.dumps(line) + "\n")
         self._flush(self._episodes_f)
         self.delivered[sample.episode_id] = sample
+
+    def record_cancel(self, weight_version: int) -> None:
+        """Append a ``cancel_outstanding`` event to ``events.jsonl``: the episodes journaled and
+        the specs submitted so far, and the trainer's weight version (see the module docstring)."""
+        event = {"event": "cancel_outstanding", "delivered": len(self.delivered), "specs": len(self.specs), "weight_version": int(weight_version)}
+        self._events_f.write(json.dumps(event) + "\n")
+        self._flush(self._events_f)
 
     @staticmethod
     def _flush(f) -> None:
@@ -230,7 +272,7 @@ class RunJournal:
         self.state.update(status=status, reason=reason, wall_s_before=self._closed_wall, updated_at=time.time(),
                           episodes_delivered=len(self.delivered), episodes_undelivered=len(self.undelivered()))
         self._write_state()
-        for f in (self._specs_f, self._episodes_f):
+        for f in (self._specs_f, self._episodes_f, self._events_f):
             if not f.closed:
                 f.close()
 
@@ -243,3 +285,128 @@ def _describe(d: Path) -> str:
     n_specs = sum(1 for _ in _read_jsonl(d / SPECS_FILE))
     n_done = len({x.get("metadata", {}).get("episode_id") for x in _read_jsonl(d / EPISODES_FILE)})
     return f"{state.get('status', '?')}, {n_done} of {n_specs} episodes delivered"
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelEvent:
+    """One ``cancel_outstanding`` of a run (a line of ``events.jsonl``).
+
+    Attributes:
+        delivered: episodes journaled before it (an index into :attr:`RunRecord.episodes`).
+        specs: specs submitted before it (an index into :attr:`RunRecord.specs`).
+        weight_version: the trainer's weight version when it was called.
+    """
+
+    delivered: int
+    specs: int
+    weight_version: int
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """A run read back from its output directory (:func:`load_run`).
+
+    Attributes:
+        dir: the output directory.
+        state: ``run.json`` (empty when missing).
+        specs: every spec submitted, in submission order (re-runs of group members are not
+            specs: they are made from their member's spec).
+        episodes: every episode delivered, in delivery order, each episode id once (the first
+            line wins, as on resume): ``(sample, the trainer's weight version at its delivery,
+            or None where the journal predates that record)``.
+        cancels: the run's ``cancel_outstanding`` calls in order; ``None`` when the journal has no
+            ``events.jsonl`` (written before they were recorded: which episodes a cancel handed
+            back is then unknown).
+    """
+
+    dir: Path
+    state: dict[str, Any]
+    specs: list[EpisodeSpec]
+    episodes: list[tuple[TrainingSample, int | None]]
+    cancels: list[CancelEvent] | None
+
+    @property
+    def exact_versions(self) -> bool:
+        """Whether every episode carries the trainer's weight version at its delivery."""
+        return all(v is not None for _, v in self.episodes)
+
+
+def check_run_folder(output_dir: str | Path) -> None:
+    """Check that ``output_dir`` holds a run's journal (a ``specs.jsonl`` with a spec in it).
+
+    Raises:
+        JournalError: it does not, or is no folder; one line naming it and what it holds.
+    """
+    d = Path(output_dir)
+    if not d.is_dir():
+        raise JournalError(f"{d}: no such folder (expected a run's output directory)")
+    specs_path = d / SPECS_FILE
+    if not specs_path.is_file() or specs_path.stat().st_size == 0:
+        found = ", ".join(sorted(p.name for p in d.iterdir())[:6]) or "nothing"
+        raise JournalError(f"{d} is not a run folder: it has no journal ({SPECS_FILE}, {EPISODES_FILE}, {STATE_FILE}, written by "
+                           f"`python -m rollout run` and launch/train_grpo_tiny.py); found {found}")
+
+
+def load_run(output_dir: str | Path) -> RunRecord:
+    """Read the journal of the run in ``output_dir`` (finished, or stopped: what it delivered).
+
+    Raises:
+        JournalError: ``output_dir`` is not a folder, or holds no run journal (no ``specs.jsonl``
+            with a spec in it), or the journal is corrupt (a line that is not JSON; an episode
+            of a group ``specs.jsonl`` lacks). One line naming the folder or the file.
+    """
+    d = Path(output_dir)
+    check_run_folder(d)
+    specs_path = d / SPECS_FILE
+    try:
+        specs = [EpisodeSpec(**x) for x in _read_jsonl(specs_path)]
+    except TypeError as e:
+        raise JournalError(f"{specs_path}: not a spec per line ({e})") from None
+    groups = {s.group_id for s in specs}
+    episodes: list[tuple[TrainingSample, int | None]] = []
+    seen: set[str] = set()
+    for n, x in enumerate(_read_jsonl(d / EPISODES_FILE)):
+        try:
+            sample, version = _episode(x)
+        except TypeError as e:
+            raise JournalError(f"{d / EPISODES_FILE}: line {n + 1} is not a sample ({e})") from None
+        if sample.group_id not in groups:
+            raise JournalError(f"{d / EPISODES_FILE}: episode {sample.episode_id} is of group {sample.group_id}, which {SPECS_FILE} lacks")
+        if sample.episode_id not in seen:
+            seen.add(sample.episode_id)
+            episodes.append((sample, version))
+    cancels = None
+    if (d / EVENTS_FILE).is_file():
+        cancels = [CancelEvent(int(e["delivered"]), int(e["specs"]), int(e["weight_version"]))
+                   for e in _read_jsonl(d / EVENTS_FILE) if e.get("event") == "cancel_outstanding"]
+    state = json.loads((d / STATE_FILE).read_text()) if (d / STATE_FILE).is_file() else {}
+    return RunRecord(d, state, specs, episodes, cancels)
+
+
+def load_run_config(output_dir: str | Path, overrides: list[str] | None = None) -> Config:
+    """The config of the run in ``output_dir``: its ``config.yaml``, else the config hashed into
+    ``run.json`` (the keys that shape the data; endpoints are not recorded there, and a replay
+    needs none), with ``overrides`` (``key=value``) on top.
+
+    Raises:
+        JournalError: the folder has neither file.
+        rollout.core.config.ConfigError: the config or an override is invalid (naming the key).
+    """
+    d = Path(output_dir)
+    if (d / CONFIG_FILE).is_file():
+        return load_config(d / CONFIG_FILE, overrides)
+    state_path = d / STATE_FILE
+    flat = json.loads(state_path.read_text()).get("config") if state_path.is_file() else None
+    if not isinstance(flat, dict):
+        raise JournalError(f"{d}: neither {CONFIG_FILE} nor {STATE_FILE} records the run's config; pass one (--config FILE)")
+    nested: dict[str, Any] = {"local": {"enabled": True}}  # run.json keeps no endpoint, and a replay needs none
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    with tempfile.TemporaryDirectory() as tmp:  # through load_config: its checks and its one-line errors
+        path = Path(tmp) / CONFIG_FILE
+        OmegaConf.save(OmegaConf.create(nested), path)
+        return load_config(path, overrides)

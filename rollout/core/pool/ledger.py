@@ -61,6 +61,9 @@ class EpisodeLedger:
         recorder: where the episodes submitted and delivered are recorded
             (:class:`~rollout.core.telemetry.probes.DeliveryMetrics`: status, duration, turns,
             reward); ``None``: nowhere.
+        weight_version: ``() -> int``, the trainer's current weight version, journaled with each
+            delivered episode (what staleness is judged against: a replay reproduces it); ``None``:
+            not journaled.
 
     Attributes:
         counts: the episode counters (every key of :data:`POOL_COUNTERS` and ``status_<status>``
@@ -68,9 +71,10 @@ class EpisodeLedger:
     """
 
     def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample,
-                 recorder: Recorder | None = None):
+                 recorder: Recorder | None = None, weight_version: Callable[[], int] | None = None):
         self._to_sample = to_sample
         self._metrics = DeliveryMetrics(recorder if recorder is not None else NULL_RECORDER)
+        self._weight_version = weight_version
         self._submitted: set[str] = set()
         self._delivered: set[str] = set()
         self._restored: set[str] = set()
@@ -147,7 +151,10 @@ class EpisodeLedger:
         self._metrics.delivered(result)
         d = Delivery(result, self._to_sample)
         if journal and self._journal is not None:
-            self._journal.record(d.sample)
+            if self._weight_version is None:
+                self._journal.record(d.sample)
+            else:
+                self._journal.record(d.sample, weight_version=self._weight_version())
         return d
 
     def hand_back(self, specs: Iterable[EpisodeSpec]) -> list[EpisodeSpec]:
@@ -162,6 +169,12 @@ class EpisodeLedger:
         """Record into ``journal`` (a :class:`rollout.core.journal.RunJournal`) every spec
         registered and every episode delivered from now on."""
         self._journal = journal
+
+    def journal_cancel(self, weight_version: int) -> None:
+        """Journal that the trainer cancelled what is outstanding (at ``weight_version``), so that
+        a replay hands back the same episodes at the same point (no-op without a journal)."""
+        if self._journal is not None:
+            self._journal.record_cancel(weight_version)
 
     def restore(self, journal, replay: Callable[[TrainingSample], list[Rerun]], weight_version: int) -> list[EpisodeSpec]:
         """Take a journaled run (a :class:`rollout.core.journal.RunJournal`): its specs are

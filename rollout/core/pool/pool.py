@@ -101,7 +101,8 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         self.recorder = RayRecorder({"domain": domain_key(cfg.env.benchmark, cfg.env.domain)})
         self._actors = ActorSet(cfg)
         keep = cfg.rollout.keep_messages
-        self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep), recorder=self.recorder)
+        self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep), recorder=self.recorder,
+                                     weight_version=lambda: self._weights.weight_version)
         self._weights = WeightSync(cfg, self._actors, healthy=lambda: self._scheduler.healthy(), recorder=self.recorder)
         self._scheduler = Scheduler(cfg.pool, self._actors, self._ledger, on_actor_back=self._weights.actor_back, recorder=self.recorder)
         self._streams = TrainingStreams(cfg, Feed(next_delivery=self._scheduler.next_delivery, resubmit=self._resubmit,
@@ -344,6 +345,7 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         """
         with self._runner.lock:
             n = self.num_outstanding
+            self._ledger.journal_cancel(self.weight_version)  # where a replay cancels (rollout.core.pool.replay)
             self._streams.abandon_open_groups()
             for spec in self._scheduler.take_pending():  # never started: cancelled here (not journaled: a resume runs them)
                 r = InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
@@ -389,6 +391,23 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             self._scheduler.dispatch()
         logger.info("resumed from %s: %d episode(s) delivered before, %d to run", journal.dir, len(journal.delivered), len(todo))
         return todo
+
+    @classmethod
+    def replay(cls, output_dir: str, cfg: Config | None = None):
+        """A :class:`rollout.core.pool.replay.ReplayPool`: this API over the finished run in
+        ``output_dir`` (its journal), delivering the run's episodes through the same training
+        streams, in the run's order, without Ray, a router or any episode running.
+
+        Args:
+            output_dir: the run's ``rollout.output_dir``.
+            cfg: the config to replay with (``None``: the run's ``config.yaml``).
+
+        Raises:
+            rollout.core.journal.JournalError: ``output_dir`` is not a run folder.
+        """
+        from rollout.core.pool.replay import ReplayPool
+
+        return ReplayPool.open(output_dir, cfg)
 
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
