@@ -237,9 +237,12 @@ class GroupAssembler:
         self._ready.append(group)
 
     def _close(self, gid: str, reason: str) -> None:
-        """Drop an open group: its members so far are excluded now, late ones on arrival."""
+        """Drop an open group: its members so far are excluded now, late ones on arrival; a
+        re-run :meth:`pop_ready` decided for it and not handed to the caller yet is forgotten
+        (the group no longer wants it)."""
         for s in self._members.pop(gid, {}).values():
             self.exclude(s, reason)
+        self._late = [rr for rr in self._late if rr.group_id != gid]
         if self._waiting.get(gid, 0) > 0:
             self._closed[gid] = reason
         else:
@@ -302,7 +305,8 @@ class GroupAssembler:
             for s in stale:
                 self.exclude(s, STALE)
                 if gid in self._members:  # not dropped by an earlier stale member
-                    self._late += self._member_failed(gid, s.sample_index)
+                    reruns = self._member_failed(gid, s.sample_index)  # (a drop forgets the group's earlier ones)
+                    self._late.extend(reruns)
         return out
 
     def take_late_reruns(self) -> list[Rerun]:

@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from rollout.core.groups import GROUP_CANCELLED, GROUP_DROPPED, STALE, ZERO_VARIANCE, GroupAssembler, TrainingPolicy, rerun_episode_id
+from rollout.core.groups import (
+    GROUP_CANCELLED,
+    GROUP_DROPPED,
+    STALE,
+    ZERO_VARIANCE,
+    GroupAssembler,
+    Rerun,
+    TrainingPolicy,
+    rerun_episode_id,
+)
 from rollout.core.records import (
     DEFAULT_TRAIN_STATUSES,
     Batch,
@@ -175,6 +184,24 @@ def test_on_group_failure_drop_and_zero_variance_filter():
     assert reasons == {ZERO_VARIANCE: 2, "user_error": 1, GROUP_DROPPED: 1}
     assert asm.counts["groups_filtered"] == 1 and asm.counts["groups_dropped"] == 1
     _delivered_once(asm, kept, added)
+
+
+def test_a_group_dropped_at_hand_over_submits_no_rerun_it_decided_before():
+    """Both members stale at hand-over: member 0 may be re-run, member 1 has used its re-runs, so
+    the group is dropped; the re-run decided for member 0 just before must not be submitted (its
+    delivery would belong to a group the assembler no longer knows: a KeyError in the stream)."""
+    policy = TrainingPolicy(frozenset(DEFAULT_TRAIN_STATUSES), max_staleness=0)
+    asm = GroupAssembler(policy, "rerun", max_member_reruns=1)
+    asm.expect("g", 2)
+    assert [rr.sample_index for rr in asm.add(sample("g", 1, status="env_error"), 0)] == [1]  # member 1's one re-run
+    asm.expect_rerun(Rerun("g", 1, 1))
+    asm.add(sample("g", 0), 0)
+    asm.add(sample("g", 1, eid="g/1~r1"), 0)
+    assert asm.ready_groups == 1
+    assert asm.pop_ready(1) == []  # at version 1 both members (version 0) are stale
+    assert asm.take_late_reruns() == []
+    assert asm.counts["groups_dropped"] == 1 and asm.open_groups == 0
+    assert [e.reason for e in asm.excluded] == ["env_error", STALE, STALE]
 
 
 def test_staleness_checked_again_at_hand_over_and_abandon():
