@@ -52,130 +52,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from rollout.core.choices import History, SampleMode
-from rollout.core.config import Config, EnvConfig, load_config
-from rollout.core.environment import Benchmark, Environment, UserSimulatorError, load_benchmark
-from rollout.core.episode import run_episode
 from rollout.core.export import get_exporter
-from rollout.core.formats import ChatFormat
-from rollout.core.prompts import TokenizeTimeout, off_loop
-from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
-from rollout.core.settings import EpisodeSettings
+from rollout.core.records import EpisodeSpec
+from rollout.integrations.episodes import (
+    CONFIG_ENV,
+    domain_state,
+    env_config_for,
+    episode_metrics,
+    load_tau_config,
+    run_task_episode,
+    several_samples_reason,
+    single_token_stop_ids,
+    warn_unmatched_stops,
+)
 from rollout.integrations.seed import _chat_for
-from rollout.integrations.verl_client import VerlPolicyClient, single_token_stop_ids, warn_unmatched_stops
+from rollout.integrations.verl_client import VerlPolicyClient
 from rollout.integrations.verl_data import AGENT_NAME
 from rollout.integrations.verl_output import num_turns, output_fields
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AGENT_NAME", "CONFIG_ENV", "Tau2AgentLoop", "load_tau_config", "several_samples_reason"]
-
-CONFIG_ENV = "TAU_ROLLOUT_CONFIG"
-# The loop sends every call through verl's server manager and never reads policy.router_url; our
-# config requires one when local.enabled=false, so the loop's config gets this placeholder.
-UNUSED_ROUTER = "http://verl-server-manager.invalid"
-
-_LOCK = threading.Lock()
-_CONFIGS: dict[tuple[str | None, tuple[str, ...]], Config] = {}
-_DOMAINS: dict[tuple, _Domain] = {}
-
-
-@dataclass
-class _Domain:
-    """What one process keeps per benchmark domain: its data, tool sandbox, threads and settings."""
-
-    benchmark: Benchmark
-    sandbox: Any
-    executor: ThreadPoolExecutor
-    settings: EpisodeSettings
-
-
-def load_tau_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Our config for the loop: the YAML ``path``, else ``$TAU_ROLLOUT_CONFIG``, else the defaults,
-    with ``overrides`` (``key=value``) on top; loaded once per process per (path, overrides).
-    ``policy.router_url`` is set to :data:`UNUSED_ROUTER` (verl's server manager serves the policy).
-
-    Raises:
-        rollout.core.config.ConfigError: a bad YAML value (one line naming the key).
-    """
-    path = str(path) if path else (os.environ.get(CONFIG_ENV) or None)
-    key = (path, tuple(str(o) for o in overrides))
-    with _LOCK:
-        if key not in _CONFIGS:
-            _CONFIGS[key] = load_config(path, [*key[1], f"policy.router_url={UNUSED_ROUTER}"])
-        return _CONFIGS[key]
-
-
-def several_samples_reason(cfg: Config) -> str | None:
-    """Why ``cfg`` may give several samples per episode (``per_turn``, ``rerender``, a context
-    strategy), or ``None`` when every episode is one sample (``trajectory``; ``merge_prefix`` with
-    the append-only history and no context strategy)."""
-    mode = SampleMode(cfg.rollout.sample_mode)
-    if mode == SampleMode.PER_TURN:
-        return "rollout.sample_mode=per_turn gives one sample per assistant turn"
-    if History(cfg.policy.history) == History.RERENDER:
-        return "policy.history=rerender starts a new sample wherever a rendering does not extend the last"
-    if str(cfg.policy.context_strategy) != "none":
-        return f"policy.context_strategy={cfg.policy.context_strategy} starts a new sample at each compaction"
-    return None
-
-
-def _domain(cfg: Config, env_cfg: EnvConfig) -> _Domain:
-    """The domain's state, loaded once per process (blocking: seconds the first time)."""
-    key = (id(cfg), env_cfg.benchmark, env_cfg.domain)
-    with _LOCK:
-        st = _DOMAINS.get(key)
-        if st is None:
-            bench = load_benchmark(env_cfg, log_level=cfg.logging.tau2_level)
-            sandbox = bench.new_actor_sandbox(env_cfg, log_level=cfg.logging.tau2_level)
-            settings = EpisodeSettings.from_policy(cfg.policy, max_steps=env_cfg.max_steps, system_prompt=bench.system_prompt,
-                                                   tool_names=bench.tool_names, partial_rollout=cfg.rollout.partial_rollout)
-            executor = ThreadPoolExecutor(max_workers=max(8, cfg.pool.max_concurrent_episodes), thread_name_prefix=f"tau2-verl-{env_cfg.domain}")
-            st = _DOMAINS[key] = _Domain(bench, sandbox, executor, settings)
-        return st
-
-
-class _PreReset:
-    """An :class:`~rollout.core.environment.Environment` whose ``reset`` was run ahead (so the
-    first prompt's length is known before the loop starts); ``reset`` answers that result, or
-    raises its error, for :func:`run_episode` to map to a status as usual."""
-
-    def __init__(self, env: Environment):
-        self.env = env
-        self._result: tuple[str, dict] | None = None
-        self._error: BaseException | None = None
-
-    async def prefetch(self, task_id: str) -> str | None:
-        """Run the real reset; the opening message, or ``None`` when it raised."""
-        try:
-            self._result = await self.env.reset(task_id)
-        except Exception as e:  # mapped by run_episode when it calls reset
-            self._error = e
-            return None
-        return self._result[0]
-
-    async def reset(self, task_id: str):
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    async def step(self, action):
-        return await self.env.step(action)
-
-    @property
-    def timings(self) -> dict:
-        return getattr(self.env, "timings", {})
 
 
 @register(AGENT_NAME)
@@ -229,8 +133,8 @@ class Tau2AgentLoop(AgentLoopBase):
         if extra.get("task_id") is None:
             raise ValueError(f"{AGENT_NAME}: the dataset row has no extra_info.task_id (rollout.integrations.verl_data writes one)")
         task_id = str(extra["task_id"])
-        env_cfg = cfg.env if not extra.get("domain") or extra["domain"] == cfg.env.domain else replace(cfg.env, domain=str(extra["domain"]))
-        st = await asyncio.to_thread(_domain, cfg, env_cfg)
+        env_cfg = env_config_for(cfg, extra.get("domain"))
+        st = await asyncio.to_thread(domain_state, cfg, env_cfg)
         if task_id not in st.benchmark.tasks:
             raise KeyError(f"{AGENT_NAME}: task {task_id!r} is not a task of {env_cfg.benchmark} {env_cfg.domain}")
         chat = await asyncio.to_thread(_chat_for, self.tokenizer, st.benchmark.tool_schemas, self._template_kwargs(), cfg.policy.chat_format)
@@ -243,14 +147,14 @@ class Tau2AgentLoop(AgentLoopBase):
         spec = EpisodeSpec(episode_id=f"verl/{env_cfg.domain}/{task_id}/{uuid.uuid4().hex[:12]}", domain=env_cfg.domain, task_id=task_id,
                            group_id=str(kwargs.get("uid") or f"{env_cfg.domain}/{task_id}"), sample_index=0, seed=seed)
         t0 = time.monotonic()
-        res = await self._episode(spec, st, env_cfg, client, chat)
+        limits = (None, None) if self.multiple_outputs else (self.prompt_length, self.response_length)
+        res = await run_task_episode(spec, st, env_cfg, client, chat, timeout_s=cfg.pool.episode_timeout_s, prompt_limit=limits[0],
+                                     response_limit=limits[1], who=AGENT_NAME)
         trainable = res.status.value in set(cfg.rollout.train_statuses)
         samples = get_exporter(cfg.rollout.sample_mode, keep_messages=cfg.rollout.keep_messages).split(
             res.to_sample(messages=cfg.rollout.keep_messages))
-        timings = res.metadata.get("timings") or {}
-        metrics = {"generate_sequences": float(timings.get("generate_s", 0.0)),
-                   "tool_calls": float(timings.get("tool_s", 0.0)) + float(timings.get("user_s", 0.0)),
-                   "compute_score": float(timings.get("reward_s", 0.0)), "num_preempted": client.preempted}
+        t = episode_metrics(res)
+        metrics = {"generate_sequences": t["generate_s"], "tool_calls": t["env_s"], "compute_score": t["reward_s"], "num_preempted": client.preempted}
         fallback = [int(eos if eos is not None else 0)]
         outputs = [AgentLoopOutput(**self._fit(output_fields(s, trainable=trainable, turns=num_turns(res.messages), metrics=metrics,
                                                              versions=client.versions, fallback_prompt=fallback)))
@@ -277,37 +181,3 @@ class Tau2AgentLoop(AgentLoopBase):
             fields["prompt_ids"] = fields["prompt_ids"][cut:]
             fields["extra_fields"]["tau2_prompt_cut"] = cut
         return fields
-
-    async def _episode(self, spec: EpisodeSpec, st: _Domain, env_cfg: EnvConfig, client: VerlPolicyClient,
-                       chat: ChatFormat) -> InteractionResult:
-        """``run_episode`` with the worker's outer guards (the whole-episode bound, a crash net)
-        and, in one-output mode, verl's context bound (the module docstring, point 3)."""
-        timeout_s = self.tau_cfg.pool.episode_timeout_s
-        try:
-            try:
-                env: Environment = st.benchmark.new_episode(env_cfg, spec.task_id, seed=spec.seed, executor=st.executor, sandbox=st.sandbox)
-            except UserSimulatorError as e:
-                return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
-            settings = st.settings
-            if not self.multiple_outputs:
-                env = _PreReset(env)
-                opening = await env.prefetch(spec.task_id)
-                if opening is not None:
-                    first = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
-                    p = len(await off_loop(settings, chat.prompt_ids, first))
-                    if p > self.prompt_length:
-                        logger.warning("%s: task %s's first prompt has %d tokens, more than actor_rollout_ref.rollout.prompt_length=%d "
-                                       "(data.max_prompt_length): the episode ends truncated before its first turn", AGENT_NAME,
-                                       spec.task_id, p, self.prompt_length)
-                    bound = p if p > self.prompt_length else p + self.response_length
-                    settings = replace(settings, max_context_tokens=min(settings.max_context_tokens, bound))
-            coro = run_episode(spec, env, client, chat, settings)
-            return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
-        except TokenizeTimeout as e:  # measuring the first prompt (the loop maps its own the same way)
-            return InteractionResult(spec, EpisodeStatus.POLICY_ERROR, 0.0, None, metadata={"termination_reason": "tokenize_timeout", "error": str(e)})
-        except asyncio.TimeoutError:
-            return InteractionResult(spec, EpisodeStatus.TIMEOUT, 0.0, None,
-                                     metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s (pool.episode_timeout_s)"})
-        except Exception as e:  # a bug must not take verl's worker down; it is a typed failure
-            logger.exception("episode %s crashed", spec.episode_id)
-            return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})

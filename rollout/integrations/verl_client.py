@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rollout.core.policy import Generation, PolicyServerError
+from rollout.integrations.episodes import single_token_stop_ids, warn_unmatched_stops
 
 logger = logging.getLogger(__name__)
 
@@ -50,26 +51,6 @@ __all__ = ["VerlPolicyClient", "finish_type", "single_token_stop_ids", "warn_unm
 
 _ABORT = frozenset({"abort", "aborted"})
 _SEED_KEY = {"sglang": "sampling_seed", "vllm": "seed"}
-_warned_stops: set[str] = set()
-
-
-def single_token_stop_ids(tokenizer: Any, stops: Iterable[str]) -> tuple[list[int], list[str]]:
-    """``(ids, rest)``: the stop strings that are one token of ``tokenizer``'s vocabulary, as ids,
-    and the others (which a server without a detokenizer cannot stop on).
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (``encode`` with ``add_special_tokens``).
-        stops: stop strings (``policy.sampling.stop``).
-    """
-    ids: list[int] = []
-    rest: list[str] = []
-    for s in stops:
-        enc = tokenizer.encode(s, add_special_tokens=False)
-        if len(enc) == 1:
-            ids.append(int(enc[0]))
-        else:
-            rest.append(s)
-    return ids, rest
 
 
 def finish_type(stop_reason: str | None, n_ids: int, max_new_tokens: int, last_is_stop: bool) -> str:
@@ -200,12 +181,3 @@ class VerlPolicyClient:
             return
         lo, hi = int(lo), int(hi)
         self.versions = (lo, hi) if self.versions is None else (min(self.versions[0], lo), max(self.versions[1], hi))
-
-
-def warn_unmatched_stops(stops: Iterable[str]) -> None:
-    """Log once per process each stop string that is not one token (see the module docstring)."""
-    for s in stops:
-        if s not in _warned_stops:
-            _warned_stops.add(s)
-            logger.warning("stop string %r is not one token of the policy's vocabulary: verl's servers (SGLang with "
-                           "skip_tokenizer_init) cannot stop on it; the model's end of turn ends such turns", s)

@@ -256,7 +256,7 @@ def test_importing_rollout_and_its_other_integrations_does_not_import_verl():
     import subprocess
     import sys
 
-    mods = "rollout, rollout.integrations.seed, rollout.integrations.slime, rollout.integrations.verl_client, " \
+    mods = "rollout, rollout.integrations.seed, rollout.integrations.slime, rollout.integrations.episodes, rollout.integrations.verl_client, " \
            "rollout.integrations.verl_output, rollout.integrations.verl_data"
     code = f"import sys, {mods}; print('verl' in sys.modules); import rollout.integrations.verl; print('verl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
