@@ -7,7 +7,10 @@ anything else); :mod:`rollout.core.config` words the refusal as ``{key}: must be
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import typing
+from typing import Any
 
 
 class Choice(str, enum.Enum):
@@ -126,3 +129,41 @@ class LogLevel(Choice):
     def _missing_(cls, value: object) -> LogLevel | None:
         upper = value.upper() if isinstance(value, str) else None
         return next((m for m in cls if m.value == upper), None)
+
+
+def values_to_names(node: Any, schema: type) -> Any:
+    """Rewrite, in place, every choice value in ``node`` to its member's name, and return ``node``.
+
+    omegaconf 2.4 accepts a member's value (``keep``) or name (``KEEP``) for an enum field;
+    omegaconf 2.3 (which hydra-core 1.3 pins, so every environment with verl has it) accepts
+    the name only and refuses ``policy.on_length: keep``. Names are accepted by both, so YAML and
+    ``key=value`` overrides are rewritten before they are merged into the schema. Anything that is
+    not a choice's value is left for omegaconf (and :mod:`rollout.core.config`) to refuse.
+
+    Args:
+        node: an omegaconf ``DictConfig`` (a loaded YAML file or a dot-list), or anything else
+            (returned as it is).
+        schema: the dataclass whose fields ``node``'s keys are (:class:`rollout.core.config.Config`).
+    """
+    from omegaconf import DictConfig
+
+    if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(schema):
+        return node
+    hints = typing.get_type_hints(schema)
+    for key in list(node.keys()):
+        tp = hints.get(str(key))
+        if tp is None:
+            continue
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else tp
+        if dataclasses.is_dataclass(tp):
+            values_to_names(node[key], tp)
+        elif isinstance(tp, type) and issubclass(tp, Choice):
+            value = node._get_node(key)._value()
+            member = None
+            if isinstance(value, str):  # a value, else a value or name in another case (omegaconf 2.4 takes any case)
+                member = next((m for m in tp if value == m.value), None) or next(
+                    (m for m in tp if value.lower() in (m.value.lower(), m.name.lower())), None)
+            if member is not None:
+                node[key] = member.name
+    return node

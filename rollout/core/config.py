@@ -43,6 +43,7 @@ from rollout.core.choices import (
     PartialRollout,
     SampleMode,
     UserKind,
+    values_to_names,
 )
 from rollout.core.context import context_strategies, is_import_path
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
@@ -471,12 +472,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             p = Path(path)
             if not p.is_file():
                 raise FileNotFoundError(f"config file not found: {p}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(p))
+            merged = OmegaConf.merge(merged, values_to_names(OmegaConf.load(p), Config))
         if overrides:
             for o in overrides:
                 if "=" not in o:
                     raise ConfigError(f"override {o!r} is not of the form key=value")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            merged = OmegaConf.merge(merged, values_to_names(OmegaConf.from_dotlist(list(overrides)), Config))
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e) from None
@@ -487,7 +488,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def config_from_dict(d: dict[str, Any]) -> Config:
     """Rebuild a validated :class:`Config` from :meth:`Config.to_dict` output (e.g. in a Ray job)."""
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(d)))
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), values_to_names(OmegaConf.create(d), Config)))
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e) from None
     return validate(cfg)

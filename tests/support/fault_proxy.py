@@ -56,10 +56,15 @@ class FaultProxy(ThreadedApp):
         async with self._session.get(self.upstream + "/workers") as r:
             return web.json_response(await r.json(content_type=None), status=r.status)
 
+    async def _health(self, request: web.Request) -> web.Response:
+        async with self._session.get(self.upstream + "/health") as r:
+            return web.Response(body=await r.read(), status=r.status)
+
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 2**20)
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/workers", self._workers)
+        app.router.add_get("/health", self._health)
         return app  # served with handler_cancellation: a client that goes away cancels its delay
 
     async def _on_start(self) -> None:

@@ -201,3 +201,21 @@ def test_an_unregistered_benchmark_is_refused_at_load_naming_the_registered_ones
     with pytest.raises(ConfigError) as e:
         load_config(None, [*LOCAL, "env.benchmark=tau3"])
     assert str(e.value).startswith("env.benchmark: no benchmark 'tau3' is registered") and "tau2" in str(e.value)
+
+
+def test_choice_values_are_rewritten_to_member_names_which_omegaconf_2_3_requires():
+    """omegaconf 2.3 (pinned by hydra-core 1.3, so in every environment with verl) takes an enum
+    field's member name only; load_config rewrites YAML and override values to names first."""
+    from omegaconf import OmegaConf
+
+    from rollout.core.choices import values_to_names
+    from rollout.core.config import Config
+
+    node = OmegaConf.from_dotlist(["policy.on_length=keep", "rollout.sample_mode=per_turn", "env.user.kind=llm", "logging.level=debug",
+                                   "policy.history=bogus", "env.domain=retail", "rollout.train_statuses=[completed]"])
+    assert values_to_names(node, Config) is node
+    assert OmegaConf.to_container(node) == {
+        "policy": {"on_length": "KEEP", "history": "bogus"}, "rollout": {"sample_mode": "PER_TURN", "train_statuses": ["completed"]},
+        "env": {"user": {"kind": "LLM"}, "domain": "retail"}, "logging": {"level": "DEBUG"}}
+    merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist(["policy.on_length=KEEP"])))
+    assert merged.policy.on_length == "keep"  # the name merges under either omegaconf
