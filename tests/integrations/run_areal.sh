@@ -6,7 +6,7 @@
 # without its dependencies, beside the project (pinned by constraints.txt) and exactly what
 # areal.api, areal.engine.sglang_remote and its WorkflowExecutor import. Makes (or reuses) the
 # venv $AREAL_VENV (default .venv-areal at the repository root), then runs pytest on
-# tests/integrations (extra arguments go to pytest). pip reports areal's unmet pins; they are
+# tests/integrations (or the test paths and pytest options given). pip reports areal's unmet pins; they are
 # expected.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,4 +15,4 @@ VENV="${AREAL_VENV:-.venv-areal}"
 "$VENV/bin/pip" install -q -c tests/integrations/constraints.txt torch==2.13.0 -e ".[test,tiny]" \
     hydra-core torchdata colorlog==6.12.0 lark==1.3.1 numba==0.68.1 einops==0.8.2 aiofiles==25.1.0 pybase64==1.5.1
 "$VENV/bin/pip" install -q --no-deps areal==1.0.4 2>&1 | grep -v -e "^WARNING: Location" -e "areal 1.0.4 requires" -e "dependency resolver" || true
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integrations "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests/integrations}"
