@@ -28,6 +28,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("turns cut at max_new_tokens", str(summary.get("length_cut_turns", 0))),
         ("  episodes ended by it", str(summary.get("episodes_ended_by_turn_length", 0))),
         ("wall time (s)", f"{summary['wall_s']:.2f}"),
+        *([("  start-up, episodes (s)", f"{summary['startup_s']:.2f}, {summary['episodes_phase_s']:.2f}")]
+          if summary.get("startup_s") is not None and summary.get("episodes_phase_s") is not None else []),
         ("episodes / s", f"{summary['episodes_per_s']:.3f}"),
     ]
     w = max(len(k) for k, _ in rows)
@@ -155,7 +158,7 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     from tqdm import tqdm
 
     from rollout.app.preflight import check_output_dir
-    from rollout.app.wiring import open_pool
+    from rollout.app.wiring import LAST_STARTUP, open_pool
     from rollout.core.groups import Excluded
     from rollout.core.journal import RunJournal
     from rollout.core.output import RunWriter
@@ -166,8 +169,10 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
     status, reason, undelivered = "interrupted", "the run stopped before it started", 0
     pool = None
+    ready_at = last_at = None  # time.monotonic() when the actors were ready, and at the last delivery
     try:
         with SignalStop() as signals, open_pool(cfg) as (rcfg, pool, task_ids):
+            ready_at = time.monotonic()
             (Path(cfg.rollout.output_dir) / "config.yaml").write_text(cfg.to_yaml())  # names of key variables only, never keys
             pool.attach_journal(journal)
             signals.attach(pool)
@@ -182,6 +187,7 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
                         bar.set_postfix(excluded=item.reason)
                     else:
                         writer.add_group(item)
+                    last_at = time.monotonic()
                     bar.n = len(journal.delivered)
                     bar.total = max(bar.total, pool.stats()["episodes_submitted"] + already)  # re-runs of failed group members
                     bar.refresh()
@@ -204,6 +210,10 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
             "context_strategy": cfg.policy.context_strategy, "max_context_tokens": cfg.policy.max_context_tokens,
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
             "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
+            # this session's start-up (from the command to every actor ready) and episode phase
+            # (from then to the last delivery), seconds; None where it did not get there
+            "startup_s": LAST_STARTUP.get("process_start_to_ready_s") if ready_at is not None else None,
+            "episodes_phase_s": round(last_at - ready_at, 3) if ready_at is not None and last_at is not None else None,
         })
     return summary
 

@@ -2,7 +2,8 @@
 anything (SIGINT, SIGKILL, a lost Ray head, a reboot) can be resumed without losing or
 duplicating an episode.
 
-Files (all in ``rollout.output_dir``, each line flushed as it is written):
+Files (all in ``rollout.output_dir``; each line is handed to the operating system as it is
+written, so that a killed process loses none of them, and made durable as said below):
 
 * ``run.json``: the run's state: ``status`` (``running`` | ``finished`` | ``interrupted``), the
   config hash and the hashed config, start times, the wall time of earlier sessions;
@@ -32,6 +33,26 @@ without running anything. Journals written before the delivery versions and ``ev
 existed still load (:attr:`RunRecord.exact_versions` and :attr:`RunRecord.cancels` say what they
 lack).
 
+When each line is durable (``fsync``: it survives a crash of the machine, not only of the
+process):
+
+* a ``specs.jsonl`` line and an ``events.jsonl`` line: when :meth:`RunJournal.record_specs` /
+  :meth:`RunJournal.record_cancel` return (a cancel event first makes every episode line before it
+  durable, so that its counts never point past the durable episodes);
+* an ``episodes.jsonl`` line: when :meth:`RunJournal.record` returns, or, with ``sync=False``,
+  at the next :meth:`RunJournal.commit` (or ``record_cancel``, or ``close``). The pool records
+  with ``sync=False`` and commits when its call ends, before that call hands anything out
+  (:class:`rollout.core.pool.steps.StepRunner`): so every episode is durable before the trainer,
+  the CLI's files or any other consumer can see it, and one ``fsync`` covers all the episodes one
+  call delivered (a GRPO group, in ``groups()`` / ``stream()``) instead of one each.
+
+So after a crash, whatever was handed out is in the journal and ``--resume`` does not run it
+again, and whatever is not in the journal was never handed out and runs again: nothing is lost or
+delivered twice. A line written but not yet committed may or may not survive a machine crash;
+either way it was not handed out yet, and the resumed run hands it out once. Lines are written as
+JSON by :func:`rollout.core.fastjson.dumps_line` (``orjson``; the standard library's text for a
+record with a non-finite float): read back, each equals what ``json.dumps`` would have written.
+
 The cost: each sample is stored twice (``episodes.jsonl`` and its view), about 2x the disk of
 the samples alone.
 """
@@ -51,6 +72,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rollout.core.config import Config, load_config
+from rollout.core.fastjson import dumps_line
 from rollout.core.records import EpisodeSpec, TrainingSample
 
 logger = logging.getLogger(__name__)
@@ -107,7 +129,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
-    lines = path.read_text().splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
     for n, line in enumerate(lines):
         if not line.strip():
             continue
@@ -132,6 +154,28 @@ def holds_run(output_dir: str | Path) -> bool:
     (see :data:`DATA_FILES`)."""
     d = Path(output_dir)
     return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in DATA_FILES)
+
+
+_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSample))
+
+
+def sample_line(sample: TrainingSample, weight_version: int | None = None) -> bytes:
+    """``sample``'s journal line: the JSON of :meth:`TrainingSample.to_dict` (``weight_version``,
+    when given, in its metadata as :data:`DELIVERY_VERSION_KEY`), encoded from the sample's own
+    containers without copying them (encoding does not change them); a sample whose containers
+    the encoder does not take (e.g. an ``array.array``) goes through ``to_dict``'s copies."""
+    line = {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
+    if not line["segment_starts"]:
+        del line["segment_starts"]  # as to_dict leaves it out
+    if weight_version is not None:
+        line["metadata"] = {**line["metadata"], DELIVERY_VERSION_KEY: int(weight_version)}
+    try:
+        return dumps_line(line)
+    except TypeError:
+        full = sample.to_dict()
+        if weight_version is not None:
+            full["metadata"][DELIVERY_VERSION_KEY] = int(weight_version)
+        return dumps_line(full)
 
 
 def _episode(line: dict[str, Any]) -> tuple[TrainingSample, int | None]:
@@ -161,11 +205,15 @@ class RunJournal:
         self._t0 = time.monotonic()
         self._closed_wall: float | None = None
         self._spec_ids = {s.episode_id for s in specs}
-        self._specs_f = open(self.dir / SPECS_FILE, "a")  # noqa: SIM115 (closed by close())
-        self._episodes_f = open(self.dir / EPISODES_FILE, "a")  # noqa: SIM115
+        # unbuffered: every write() reaches the operating system at once (a killed process loses
+        # no line it wrote); durability is the fsync's job (see the module docstring)
+        self._specs_f = open(self.dir / SPECS_FILE, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+        self._episodes_f = open(self.dir / EPISODES_FILE, "ab", buffering=0)  # noqa: SIM115
         # events.jsonl exists from the start, so that a replay tells "no cancel" from a journal
         # written before events were recorded
-        self._events_f = open(self.dir / EVENTS_FILE, "a")  # noqa: SIM115
+        self._events_f = open(self.dir / EVENTS_FILE, "ab", buffering=0)  # noqa: SIM115
+        self._uncommitted = 0  # episode lines written since the last fsync of episodes.jsonl
+        self.fsyncs = 0  # fsync calls made (for benchmarks and tests)
 
     @classmethod
     def open(cls, output_dir: str | Path, cfg: Config, resume: bool = False, overwrite: bool = False) -> "RunJournal":
@@ -219,36 +267,57 @@ class RunJournal:
 
     # -- recording ---------------------------------------------------------------------------
     def record_specs(self, specs: list[EpisodeSpec]) -> None:
-        """Append submitted specs (before they run); specs journaled before are skipped."""
+        """Append submitted specs (before they run), durable when it returns; specs journaled
+        before are skipped."""
         new = [s for s in specs if s.episode_id not in self._spec_ids]
         if not new:
             return
-        self._specs_f.write("".join(json.dumps(dataclasses.asdict(dataclasses.replace(s, attempt=0))) + "\n" for s in new))
-        self._flush(self._specs_f)
+        self._write(self._specs_f, b"".join(dumps_line(dataclasses.asdict(dataclasses.replace(s, attempt=0))) for s in new))
+        self._fsync(self._specs_f)
         self._spec_ids.update(s.episode_id for s in new)
         self.specs += new
 
-    def record(self, sample: TrainingSample, weight_version: int | None = None) -> None:
+    def record(self, sample: TrainingSample, weight_version: int | None = None, sync: bool = True) -> None:
         """Append one delivered episode; ``weight_version``: the trainer's version at its delivery
-        (kept in the line's metadata as :data:`DELIVERY_VERSION_KEY`; ``sample`` is not changed)."""
-        line = sample.to_dict()
-        if weight_version is not None:
-            line["metadata"][DELIVERY_VERSION_KEY] = int(weight_version)
-        self._episodes_f.write(json.dumps(line) + "\n")
-        self._flush(self._episodes_f)
+        (kept in the line's metadata as :data:`DELIVERY_VERSION_KEY`; ``sample`` is not changed).
+
+        Args:
+            sync: make the line durable before returning; ``False``: at the next :meth:`commit`
+                (the caller commits before it hands the episode out; see the module docstring).
+        """
+        self._write(self._episodes_f, sample_line(sample, weight_version))
+        self._uncommitted += 1
         self.delivered[sample.episode_id] = sample
+        if sync:
+            self.commit()
+
+    def commit(self) -> int:
+        """Make every episode line written so far durable (one ``fsync``, none when there is
+        nothing new); returns how many lines it made durable."""
+        n, self._uncommitted = self._uncommitted, 0
+        if n:
+            self._fsync(self._episodes_f)
+        return n
 
     def record_cancel(self, weight_version: int) -> None:
         """Append a ``cancel_outstanding`` event to ``events.jsonl``: the episodes journaled and
-        the specs submitted so far, and the trainer's weight version (see the module docstring)."""
+        the specs submitted so far, and the trainer's weight version (see the module docstring).
+        The episodes journaled before it are committed first; the event is durable when it returns."""
+        self.commit()
         event = {"event": "cancel_outstanding", "delivered": len(self.delivered), "specs": len(self.specs), "weight_version": int(weight_version)}
-        self._events_f.write(json.dumps(event) + "\n")
-        self._flush(self._events_f)
+        self._write(self._events_f, dumps_line(event))
+        self._fsync(self._events_f)
 
     @staticmethod
-    def _flush(f) -> None:
-        f.flush()
+    def _write(f, data: bytes) -> None:
+        """All of ``data`` to the operating system (an unbuffered write may be partial)."""
+        view = memoryview(data)
+        while view:
+            view = view[f.write(view):]
+
+    def _fsync(self, f) -> None:
         os.fsync(f.fileno())
+        self.fsyncs += 1
 
     def undelivered(self) -> list[EpisodeSpec]:
         """Journaled specs with no delivered episode (re-runs of group members not included)."""
@@ -268,6 +337,8 @@ class RunJournal:
 
     def close(self, status: str, reason: str | None = None) -> None:
         """Mark the run ``finished`` or ``interrupted`` (with ``reason``) and close the files."""
+        if not self._episodes_f.closed:
+            self.commit()
         self._closed_wall = self.wall_s
         self.state.update(status=status, reason=reason, wall_s_before=self._closed_wall, updated_at=time.time(),
                           episodes_delivered=len(self.delivered), episodes_undelivered=len(self.undelivered()))

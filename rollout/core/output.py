@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollout.core.fastjson import dumps_line
 from rollout.core.groups import Excluded
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, TrainingSample
@@ -179,7 +180,7 @@ class RunWriter:
                         if s.episode_id not in self.written:
                             self.written.add(s.episode_id)
                             self.stats.add_episode(run, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
-        self._files = {name: open(self.dir / name, "a" if resume else "w") for name in self.FILES}  # noqa: SIM115 (closed by close())
+        self._files = {name: open(self.dir / name, "ab" if resume else "wb") for name in self.FILES}  # noqa: SIM115 (closed by close())
 
     def _write(self, name: str, samples: list[TrainingSample], reason: str | None) -> None:
         """Write one episode's samples (consecutive lines, one write) unless it was written."""
@@ -188,7 +189,7 @@ class RunWriter:
             self.skipped += 1
             return
         f = self._files[name]
-        f.write("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
+        f.write(b"".join(dumps_line(s.to_dict()) for s in samples))  # orjson; reads back as json.dumps' line would
         f.flush()
         self.written.add(eid)
         self.stats.add_episode(samples, reason)
@@ -228,7 +229,7 @@ def read_samples(path: str | Path, tolerate_torn_tail: bool = False) -> list[Tra
     Raises:
         json.JSONDecodeError: a malformed line (the last one too, unless ``tolerate_torn_tail``).
     """
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     out = []
     for n, line in enumerate(lines):
         try:

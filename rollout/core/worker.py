@@ -367,6 +367,14 @@ class RolloutWorker:
         (in a Ray actor, the loop Ray built; see :mod:`rollout.core.eventloop`)."""
         return loop_kind(asyncio.get_running_loop())
 
+    def arm_breaker(self) -> dict[str, Any]:
+        """Record that the backend was seen answering (a check the driver made once it was up,
+        e.g. the preflight's router check, for an actor that started before the router answered):
+        an outage from the very first call is then waited for, as when the actor saw the router
+        itself at start (:meth:`rollout.core.policy.BackendBreaker.arm`). Returns the breaker's stats."""
+        self.breaker.arm()
+        return self.breaker.stats()
+
     def info(self) -> dict[str, Any]:
         """Identity and state of this worker (for logs and the pool)."""
         return {

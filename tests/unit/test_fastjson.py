@@ -41,3 +41,19 @@ def test_numpy_ids_are_written_as_a_list_on_both_paths():
     assert json.loads(fastjson.dumps({"input_ids": ids, "n": 2**70, "s": np.int64(3)})) == {"input_ids": [0, 151_643, 2**40], "n": 2**70, "s": 3}
     with pytest.raises(TypeError):
         fastjson.dumps({"x": object()})
+
+
+def test_a_line_reads_back_as_the_standard_librarys_line_would_non_finite_floats_included():
+    import numpy as np
+
+    plain = {"tokens": [1, 2, 3], "rollout_log_probs": [-0.5, 0.0, -1e-05], "reward": 1.0, "error": None,
+             "messages": [{"role": "user", "content": "Zoë's order #W123 — ünïcode"}], "metadata": {"t": [0.25, 2**70]}}
+    for obj in (plain, {**plain, "rollout_log_probs": [-0.5, float("-inf")]}, {**plain, "reward": float("nan")},
+                {**plain, "x": np.array([1.0, np.nan])}, {"n": None, "y": (1.5, float("inf"))}):
+        line = fastjson.dumps_line(obj)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        ours, theirs = json.loads(line), json.loads(json.dumps(obj, default=lambda v: v.tolist()))
+        assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)  # NaN compares by its text
+    small = {**plain, "metadata": {"t": [0.25, 7]}}
+    assert fastjson.dumps_line(small) == fastjson.orjson.dumps(small) + b"\n"  # the fast path
+    assert b"NaN" in fastjson.dumps_line({"reward": float("nan"), "e": None})  # not orjson's null

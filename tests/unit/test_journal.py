@@ -98,3 +98,78 @@ def test_error_kinds_group_repeats():
     assert error_kind("policy_error", "/generate failed after 4 attempts: ClientConnectorError(127.0.0.1:3000)") == \
         error_kind("policy_error", "/generate failed after 4 attempts: ClientConnectorError(127.0.0.1:4111)")
     assert error_kind("user_error", None) == "user_error"
+
+
+def _fsyncs(monkeypatch, journal_dir):
+    """Record which journal file each os.fsync made durable, and the file's size at that moment."""
+    import os
+
+    seen: list[tuple[str, int]] = []
+    real = os.fsync
+
+    def spy(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        seen.append((os.path.basename(path), os.path.getsize(path)))
+        return real(fd)
+
+    monkeypatch.setattr("rollout.core.journal.os.fsync", spy)
+    return seen
+
+
+def test_episode_lines_reach_the_os_at_once_and_are_durable_at_the_commit_one_fsync_for_all(tmp_path, monkeypatch):
+    """record(sync=False) writes the line (a killed process keeps it: it is in the file) without an
+    fsync; commit() makes all of them durable with one; specs and cancel events are durable when
+    recorded, and a cancel event commits the episodes before it first; close() commits."""
+    cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}"])
+    specs = make_specs("retail", ["0", "1", "2"], 2, prefix="b0:")
+    j = RunJournal.open(tmp_path, cfg)
+    seen = _fsyncs(monkeypatch, tmp_path)
+    j.record_specs(specs)
+    assert seen == [("specs.jsonl", (tmp_path / "specs.jsonl").stat().st_size)]
+    for s in specs[:3]:
+        j.record(_sample(s), weight_version=0, sync=False)
+    assert len(seen) == 1  # no fsync yet ...
+    assert len((tmp_path / EPISODES_FILE).read_text().splitlines()) == 3  # ... but every line is in the file
+    assert j.commit() == 3 and seen[-1] == (EPISODES_FILE, (tmp_path / EPISODES_FILE).stat().st_size)
+    assert j.commit() == 0 and len(seen) == 2  # nothing new: no fsync
+    j.record(_sample(specs[3]), sync=False)
+    j.record_cancel(weight_version=0)
+    assert seen[2:] == [(EPISODES_FILE, (tmp_path / EPISODES_FILE).stat().st_size), ("events.jsonl", (tmp_path / "events.jsonl").stat().st_size)]
+    j.record(_sample(specs[4]))  # sync=True (the default): durable when it returns
+    assert seen[-1][0] == EPISODES_FILE and j.fsyncs == len(seen) == 5
+    j.record(_sample(specs[5]), sync=False)
+    j.close("finished")
+    assert seen[-1] == (EPISODES_FILE, (tmp_path / EPISODES_FILE).stat().st_size)
+    r = RunJournal.open(tmp_path, cfg, resume=True)
+    assert list(r.delivered) == [s.episode_id for s in specs]
+
+
+def test_journal_lines_read_back_equal_and_a_non_finite_value_keeps_the_standard_librarys_text(tmp_path):
+    cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={tmp_path}"])
+    specs = make_specs("retail", ["0"], 2, prefix="b0:")
+    j = RunJournal.open(tmp_path, cfg)
+    j.record_specs(specs)
+    a = _sample(specs[0], error="Zoë's order — ünïcode")
+    b = TrainingSample(**{**_sample(specs[1]).__dict__, "rollout_log_probs": [float("-inf")]})
+    j.record(a, weight_version=3, sync=False)
+    j.record(b, sync=False)
+    j.close("finished")
+    lines = (tmp_path / EPISODES_FILE).read_bytes().splitlines()
+    assert b"-Infinity" in lines[1]  # json's text, not orjson's null
+    r = RunJournal.open(tmp_path, cfg, resume=True)
+    assert r.delivered[a.episode_id].to_dict() == a.to_dict()
+    assert r.delivered[b.episode_id].rollout_log_probs == [float("-inf")]
+
+
+def test_a_journal_line_is_the_json_of_to_dict_without_copying_the_sample():
+    import array
+
+    from rollout.core.journal import DELIVERY_VERSION_KEY, sample_line
+
+    spec = make_specs("retail", ["0"], 1)[0]
+    s = _sample(spec)
+    assert json.loads(sample_line(s)) == s.to_dict()
+    assert json.loads(sample_line(s, 4)) == {**s.to_dict(), "metadata": {**s.metadata, DELIVERY_VERSION_KEY: 4}}
+    assert DELIVERY_VERSION_KEY not in s.metadata  # the sample is not changed
+    seg = TrainingSample(**{**s.__dict__, "segment_starts": [0], "tokens": array.array("q", s.tokens)})  # to_dict's list()
+    assert json.loads(sample_line(seg)) == seg.to_dict() and "segment_starts" in seg.to_dict()

@@ -35,12 +35,18 @@ class FakeJournal:
         self.specs = list(specs)
         self.delivered = {s.episode_id: s for s in delivered}
         self.recorded = []
+        self.committed = 0  # samples made durable by commit()
 
     def record_specs(self, specs):
         self.specs += [s for s in specs if s not in self.specs]
 
-    def record(self, sample):
+    def record(self, sample, weight_version=None, sync=True):
         self.recorded.append(sample)
+        if sync:
+            self.commit()
+
+    def commit(self):
+        self.committed = len(self.recorded)
 
 
 def _result(spec, reward=1.0, status=EpisodeStatus.COMPLETED, **meta) -> InteractionResult:
@@ -182,3 +188,43 @@ def test_a_group_made_and_not_taken_is_handed_out_by_the_next_group_call():
     second = streams.take_item(excluded=False)
     assert second[0].metadata["task_id"] == "1"
     assert not streams.ensure_item(None, excluded=True) and streams.take_item(excluded=True) is None
+
+
+def test_a_pool_call_commits_the_journal_before_it_hands_out_what_it_delivered_one_commit_per_call():
+    """The pool's lock runs the ledger's commit when a call's outermost hold ends: a group handed
+    out by a stream call was durable before it came out, both members with one commit; a nested
+    hold (a call inside a call) commits only at the outer end."""
+    from rollout.core.pool.steps import StepRunner
+
+    commits: list[int] = []
+
+    class CountingJournal(FakeJournal):
+        def commit(self):
+            if len(self.recorded) > self.committed:
+                commits.append(len(self.recorded) - self.committed)
+            super().commit()
+
+    ledger = EpisodeLedger(CountingToSample())
+    journal = CountingJournal()
+    ledger.attach_journal(journal)
+    runner = StepRunner(progress=lambda: ledger.counts["episodes_delivered"], on_release=ledger.commit)
+    specs = make_specs("retail", ["0", "1"], 2, prefix="b0:")
+    ledger.register(specs)
+    todo = collections.deque(_result(s, reward=float(s.sample_index)) for s in specs)
+    seen_at_delivery = []
+
+    def next_delivery(t):
+        seen_at_delivery.append(journal.committed)
+        return ledger.deliver(todo.popleft()) if todo else None
+
+    streams = TrainingStreams(_cfg(), Feed(next_delivery=next_delivery, resubmit=lambda rr: None, submit_tasks=lambda *a: [],
+                                           weight_version=lambda: 0, num_outstanding=lambda: len(todo)))
+    streams.expect(specs)
+    group = runner.next(lambda t: streams.ensure_item(t, False), lambda: streams.take_item(False), None)
+    assert [s.episode_id for s in group] == [s.episode_id for s in specs[:2]]
+    assert journal.committed == 2 and commits == [2] and seen_at_delivery == [0, 0]  # written during the call, durable at its end
+    with runner.lock:
+        with runner.lock:
+            group = runner.next(lambda t: streams.ensure_item(t, False), lambda: streams.take_item(False), None)
+        assert commits == [2]  # inner holds ended: nothing committed yet
+    assert commits == [2, 2] and journal.committed == 4

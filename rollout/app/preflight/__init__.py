@@ -62,7 +62,13 @@ from rollout.app.preflight.machine import (
     check_ray_address,
 )
 from rollout.app.preflight.router import check_router
-from rollout.app.preflight.tokenizer import chat_template_special_tokens, check_tokenizer, check_tokenizer_loads, tokenizer_facts
+from rollout.app.preflight.tokenizer import (
+    cached_tokenizer_facts,
+    chat_template_special_tokens,
+    check_tokenizer,
+    check_tokenizer_loads,
+    tokenizer_facts,
+)
 
 if TYPE_CHECKING:
     from rollout.core.config import Config
@@ -70,6 +76,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RAY_ADDRESS_WAIT_S",
     "PreflightError",
+    "cached_tokenizer_facts",
     "chat_template_special_tokens",
     "check_before_start",
     "check_benchmark",

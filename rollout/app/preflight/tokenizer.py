@@ -1,10 +1,22 @@
 """The tokenizer checks: ``policy.tokenizer`` loads, and matches the served model's tokenizer as far
 as the server reports it (see :mod:`rollout.app.preflight` for what servers report); and the facts
-a server reports about its tokenizer (:func:`tokenizer_facts`, served by the local test server)."""
+a server reports about its tokenizer (:func:`tokenizer_facts`, served by the local test server).
+
+The facts the checks compare (:func:`tokenizer_facts`: size, EOS, the chat template's special
+tokens) are cached on disk (:func:`cached_tokenizer_facts`), keyed by the tokenizer's files (path,
+size and modification time of each) and the ``transformers`` version: a job started again with the
+same tokenizer neither imports ``transformers`` nor loads the tokenizer in the driver (1.5-2 s
+here, 7-8 s measured on a 16-core machine), while the actors load it anyway. Changing any file
+changes the key; a hub id that is not a local folder is never cached (it is loaded, as before).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from rollout.app.preflight.errors import PreflightError, one_line
@@ -61,6 +73,79 @@ def tokenizer_facts(tokenizer) -> dict[str, Any]:
     }
 
 
+# False: the checks load the tokenizer every time, as before the cache (python -m rollout.bench
+# startup turns it off for its "before" rows).
+FACTS_CACHE = True
+_FACTS_FORMAT = 1  # bump when tokenizer_facts changes what it computes
+
+
+def _facts_key(name: str) -> str | None:
+    """The cache key of ``policy.tokenizer`` ``name``'s facts: a hash of its local files (path,
+    size, mtime), the name, the ``transformers`` version and the facts' format; ``None`` where
+    nothing local identifies the tokenizer (a hub id), or ``transformers`` is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rollout.core.tokenizer import BUILTIN_QWEN3, _vocabulary_module, builtin_qwen3_path
+
+    try:
+        if name == BUILTIN_QWEN3:
+            where = builtin_qwen3_path()
+        elif name.startswith("builtin:"):
+            module = _vocabulary_module(name)
+            where = Path(module.vocabulary_files(name.removeprefix("builtin:")))
+        else:
+            where = Path(os.path.expanduser(name))
+            if not where.is_dir():
+                return None
+        files = sorted(p for p in where.iterdir() if p.is_file()) if where.is_dir() else [where]
+        stats = [(str(p.resolve()), st.st_size, st.st_mtime_ns) for p in files for st in [p.stat()]]
+        tf = version("transformers")
+    except (OSError, FileNotFoundError, PackageNotFoundError):
+        return None
+    extra = [name, tf, _FACTS_FORMAT, module.__name__] if name.startswith("builtin:") and name != BUILTIN_QWEN3 else [name, tf, _FACTS_FORMAT]
+    return hashlib.sha256(json.dumps([extra, stats]).encode()).hexdigest()[:24]
+
+
+def facts_cache_dir() -> Path:
+    """Where the facts are cached: ``$XDG_CACHE_HOME/tau-rollout/tokenizer-facts`` (``~/.cache`` by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "tau-rollout" / "tokenizer-facts"
+
+
+def cached_tokenizer_facts(name: str) -> tuple[dict[str, Any], bool]:
+    """:func:`tokenizer_facts` of ``policy.tokenizer`` ``name``, from the cache when its files are
+    those the cached facts were computed from (see the module docstring), else by loading it
+    (:func:`rollout.core.tokenizer.load_tokenizer`) and caching them (best effort: an unwritable
+    cache only costs the load next time).
+
+    Returns:
+        ``(facts, from_cache)``.
+
+    Raises:
+        Exception: whatever loading the tokenizer raises (on a cache miss).
+    """
+    key = _facts_key(name) if FACTS_CACHE else None
+    path = facts_cache_dir() / f"{key}.json" if key else None
+    if path is not None:
+        try:
+            facts = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(facts, dict) and {"tokenizer_vocab_size", "eos_token_id", "special_tokens"} <= set(facts):
+                return facts, True
+        except (OSError, ValueError):
+            pass
+    from rollout.core.tokenizer import load_tokenizer
+
+    facts = tokenizer_facts(load_tokenizer(name))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps(facts), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as e:
+            logger.debug("tokenizer facts not cached at %s: %r", path, e)
+    return facts, False
+
+
 def check_tokenizer(model_info: dict, tokenizer) -> None:
     """The served model's tokenizer matches ``policy.tokenizer`` as far as the server reports it.
 
@@ -72,8 +157,9 @@ def check_tokenizer(model_info: dict, tokenizer) -> None:
 
     Args:
         model_info: what :func:`check_router` returned.
-        tokenizer: a loaded ``transformers`` tokenizer, or a ``policy.tokenizer`` name loaded with
-            :func:`rollout.core.tokenizer.load_tokenizer`.
+        tokenizer: a loaded ``transformers`` tokenizer, or a ``policy.tokenizer`` name whose
+            facts come from :func:`cached_tokenizer_facts` (loaded with
+            :func:`rollout.core.tokenizer.load_tokenizer` unless cached).
 
     Raises:
         PreflightError: a mismatch (the message names both values), or the tokenizer does not
@@ -81,13 +167,14 @@ def check_tokenizer(model_info: dict, tokenizer) -> None:
     """
     name = tokenizer if isinstance(tokenizer, str) else getattr(tokenizer, "name_or_path", "?")
     if isinstance(tokenizer, str):
-        from rollout.core.tokenizer import load_tokenizer
-
         try:
-            tokenizer = load_tokenizer(tokenizer)
+            ours, _ = cached_tokenizer_facts(tokenizer)
         except Exception as e:  # noqa: BLE001  (any load failure is one preflight line)
             raise PreflightError(f"policy.tokenizer {name!r} does not load: {one_line(f'{type(e).__name__}: {e}')}") from None
-    ours = tokenizer_facts(tokenizer)
+    else:
+        ours = tokenizer_facts(tokenizer)
+    ours_eos = sorted(ours["eos_token_id"]) if isinstance(ours["eos_token_id"], list) else (
+        [] if ours["eos_token_id"] is None else [ours["eos_token_id"]])
     model = model_info.get("model_path", "?")
     unchecked: list[str] = []
 
@@ -122,7 +209,7 @@ def check_tokenizer(model_info: dict, tokenizer) -> None:
     eos_srv = model_info.get("eos_token_id")
     if eos_srv is not None:
         srv = sorted(eos_srv) if isinstance(eos_srv, list) else [eos_srv]
-        if srv != _eos_ids(tokenizer):
+        if srv != ours_eos:
             raise PreflightError(
                 f"tokenizer mismatch: the served model {model!r} has eos_token_id {eos_srv}, "
                 f"policy.tokenizer {name!r} has {ours['eos_token_id']}"
@@ -142,20 +229,22 @@ def check_tokenizer(model_info: dict, tokenizer) -> None:
 def check_tokenizer_loads(name: str) -> None:
     """``policy.tokenizer`` names something loadable (:func:`rollout.core.tokenizer.check_tokenizer_source`:
     no network wait for a hub id that is neither cached nor reachable), and it loads, before
-    anything is started (loaded once per process and cached: the preflight's comparison with the
-    served tokenizer, :func:`check_tokenizer`, reuses it).
+    anything is started: loaded once per process and its facts cached on disk
+    (:func:`cached_tokenizer_facts`; the preflight's comparison with the served tokenizer,
+    :func:`check_tokenizer`, reuses them). Where the facts of these very files are cached, it
+    loaded before and is not loaded again.
 
     Raises:
         PreflightError: one line naming ``policy.tokenizer``, what was tried and what to pass instead.
     """
-    from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source, load_tokenizer
+    from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source
 
     try:
         check_tokenizer_source(name)
     except TokenizerSourceError as e:
         raise PreflightError(str(e)) from None
     try:
-        load_tokenizer(name)
+        cached_tokenizer_facts(name)
     except Exception as e:  # noqa: BLE001  (any load failure is one line)
         raise PreflightError(f"policy.tokenizer={name} does not load: {one_line(f'{type(e).__name__}: {e}', 300)}; "
                              "pass builtin:qwen3 or a local folder with a chat model's tokenizer files") from None

@@ -26,6 +26,9 @@ from rollout.core.worker import RolloutWorker
 logger = logging.getLogger(__name__)
 
 RemoteRolloutWorker = ray.remote(RolloutWorker)
+# True: a new local Ray cluster prestarts its idle task workers, as before issue 23 (see _init_ray;
+# `python -m rollout.bench startup` turns it on for its "before" rows).
+PRESTART_IDLE_WORKERS = False
 
 
 def gcs_reachable(address: str | None, timeout_s: float = 1.0) -> bool:
@@ -75,8 +78,12 @@ def _init_ray(configured: str | None) -> None:
     level = quiet.level
     if address == "local" and "RAY_AUTH_MODE" not in os.environ:
         quiet.setLevel(logging.ERROR)
+    # A new local cluster prestarts one idle worker per CPU for tasks the pool never runs (its
+    # actors get workers of their own: their runtime_env differs): on a small machine they take
+    # CPU from the actors' start-up, so none is prestarted (only settable on a new cluster).
+    extra = {"_system_config": {"prestart_worker_first_driver": False}} if address == "local" and not PRESTART_IDLE_WORKERS else {}
     try:
-        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True)
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True, **extra)
     finally:
         quiet.setLevel(level)
 
@@ -101,7 +108,7 @@ class ActorSet:
 
     def start(self, env_vars: dict[str, str]) -> list[dict]:
         """Connect to (or start) Ray and create the actors; returns each actor's ``info()`` once
-        every actor is ready.
+        every actor is ready (:meth:`launch`, then :meth:`wait_ready`).
 
         Args:
             env_vars: the actors' ``runtime_env`` environment (e.g. ``RAY_USE_UVLOOP``, from
@@ -113,6 +120,17 @@ class ActorSet:
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
+        """
+        self.launch(env_vars)
+        return self.wait_ready()
+
+    def launch(self, env_vars: dict[str, str]) -> None:
+        """Connect to (or start) Ray and create the actors, without waiting for them: each
+        starts in its own process (imports, the domain, the tokenizer, the chat-template probe)
+        while the caller goes on; :meth:`wait_ready` waits for them.
+
+        Raises:
+            rollout.core.startup.PreflightError: as :meth:`start`, before any actor starts.
         """
         from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source
 
@@ -140,6 +158,14 @@ class ActorSet:
             self.gcs_address = ray.get_runtime_context().gcs_address
         except Exception:  # older Ray: no head-loss detection
             self.gcs_address = None
+
+    def wait_ready(self) -> list[dict]:
+        """Wait until every actor :meth:`launch` created is ready; returns each one's ``info()``.
+
+        Raises:
+            RuntimeError: as :meth:`start`.
+        """
+        p = self.cfg.pool
         try:
             answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors])
             infos, loops = answers[:len(self.actors)], answers[len(self.actors):]
@@ -153,11 +179,18 @@ class ActorSet:
         logger.info("%d rollout actors ready (pids %s, event loop %s)", len(infos), [i["pid"] for i in infos], p.event_loop)
         return infos
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 10.0, graceful: bool = True) -> None:
         """Stop the actors within about ``timeout_s`` seconds: each cancels its running episodes
         (aborting their requests on the workers) and closes; then the actors are killed (when the
-        Ray head still answers). Leaves Ray itself running."""
-        if self.actors and self.head_reachable():
+        Ray head still answers). ``graceful=False``: killed at once (actors still starting, that
+        ran nothing). Leaves Ray itself running."""
+        if self.actors and not graceful:
+            for a in self.actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception as e:
+                    logger.debug("ray.kill: %r", e)
+        elif self.actors and self.head_reachable():
             refs = []
             for a in self.actors:
                 try:
@@ -194,6 +227,14 @@ class ActorSet:
         return self.actors[index].info.remote()
 
     # -- calls on several actors -------------------------------------------------------------
+    def arm_breakers(self, timeout_s: float = 30.0) -> None:
+        """Tell every actor that the backend was seen answering
+        (:meth:`rollout.core.worker.RolloutWorker.arm_breaker`); best effort (logged at DEBUG)."""
+        try:
+            ray.get([a.arm_breaker.remote() for a in self.actors], timeout=timeout_s)
+        except Exception as e:
+            logger.debug("arm_breaker: %r", e)
+
     def cancel(self, by_actor: dict[int, list[str]]) -> None:
         """Cancel episodes on their actors (actor index -> episode ids), waiting up to 30 s for
         each actor's answer; an actor that fails to answer is logged (WARNING), not raised."""

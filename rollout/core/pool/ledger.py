@@ -136,7 +136,8 @@ class EpisodeLedger:
 
     def deliver(self, result: InteractionResult, journal: bool = True) -> Delivery:
         """Mark ``result``'s episode delivered, count it, and (with ``journal`` and a journal
-        attached) journal its sample. The caller checked :meth:`is_delivered` first."""
+        attached) journal its sample, durable at the next :meth:`commit`. The caller checked
+        :meth:`is_delivered` first, and commits before it hands the delivery out."""
         self._delivered.add(result.spec.episode_id)
         c = self.counts
         c["episodes_delivered"] += 1
@@ -150,12 +151,18 @@ class EpisodeLedger:
             c["episodes_restarted"] += 1
         self._metrics.delivered(result)
         d = Delivery(result, self._to_sample)
-        if journal and self._journal is not None:
-            if self._weight_version is None:
-                self._journal.record(d.sample)
-            else:
-                self._journal.record(d.sample, weight_version=self._weight_version())
+        if journal and self._journal is not None:  # durable at the next commit(), before it is handed out
+            version = None if self._weight_version is None else self._weight_version()
+            self._journal.record(d.sample, weight_version=version, sync=False)
         return d
+
+    def commit(self) -> None:
+        """Make every episode journaled so far durable (the journal's ``commit``: one ``fsync``
+        for all of them; nothing without a journal or without new episodes). The pool calls it
+        when each of its calls ends, before what the call delivered is handed out
+        (:class:`rollout.core.pool.steps.StepRunner`)."""
+        if self._journal is not None:
+            self._journal.commit()
 
     def hand_back(self, specs: Iterable[EpisodeSpec]) -> list[EpisodeSpec]:
         """The undelivered ones of ``specs`` (what an ended run still held), each as its first

@@ -108,9 +108,11 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         self._streams = TrainingStreams(cfg, Feed(next_delivery=self._scheduler.next_delivery, resubmit=self._resubmit,
                                                   submit_tasks=self.submit_tasks, weight_version=lambda: self._weights.weight_version,
                                                   num_outstanding=lambda: self.num_outstanding), recorder=self.recorder)
-        self._runner = StepRunner(progress=lambda: self._ledger.counts["episodes_delivered"])
+        # every call commits the journal before it returns: what it delivered is durable first
+        self._runner = StepRunner(progress=lambda: self._ledger.counts["episodes_delivered"], on_release=self._ledger.commit)
         self._batch_counter = itertools.count()
-        self._started = False
+        self._launched = False  # the actors were created (start(wait=False))
+        self._started = False  # ... and are ready
 
     @property
     def actors(self) -> list:
@@ -123,8 +125,13 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         return self._streams.policy
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "RolloutPool":
+    def start(self, wait: bool = True) -> "RolloutPool":
         """Connect to (or start) Ray and create the actors; returns once every actor is ready.
+
+        Args:
+            wait: ``False``: return as soon as the actors are created (they start in their own
+                processes meanwhile); a later ``start()`` waits for them. :func:`rollout.open_pool`
+                overlaps the local stack's start-up and the preflight checks with the actors' this way.
 
         Raises:
             rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
@@ -134,12 +141,22 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
                 (uvloop missing on its node; the actors are stopped).
         """
         with self._runner.lock:
-            if not self._started:
-                self._actors.start(ray_env_vars(self.cfg.pool.event_loop))
+            if not self._started and not self._launched:
+                self._actors.launch(ray_env_vars(self.cfg.pool.event_loop))
+                self._launched = True
+            if wait and not self._started:
+                self._actors.wait_ready()
                 self._scheduler.reset()
                 self._weights.publish()  # Ray is up: the first records that reach it
                 self._started = True
         return self
+
+    def arm_breakers(self) -> None:
+        """Tell every actor that the backend was seen answering (the preflight's router check
+        passed after the actors started, :func:`rollout.open_pool`): an outage from the first
+        call on is waited for, as when an actor sees the router up at its own start."""
+        with self._runner.lock:
+            self._actors.arm_breakers()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the actors within about ``timeout_s`` seconds: each cancels its running episodes
@@ -147,10 +164,10 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         Undelivered episodes are forgotten (see :meth:`abort_outstanding` to get them). Leaves
         Ray itself running."""
         with self._runner.lock:
-            self._actors.close(timeout_s)
+            self._actors.close(timeout_s, graceful=self._started)  # created and not ready: killed at once
             self._scheduler.clear()
             self._weights.close()
-            self._started = False
+            self._started = self._launched = False
 
     def __enter__(self) -> "RolloutPool":
         return self.start()

@@ -4,6 +4,9 @@ thread, in slices (pure; no Ray).
 The pool's state is not thread-safe, and the pool makes progress only inside a call. So every
 call holds :attr:`StepRunner.lock` (a re-entrant lock) while it works: synchronous calls in the
 caller's thread, asynchronous ones in a worker thread (``asyncio.to_thread``), never both at once.
+When the outermost hold of the lock ends, the runner's ``on_release`` runs first (the pool's:
+commit the run journal, so that every episode a call delivered is durable before the call returns
+it; one ``fsync`` per call, see :mod:`rollout.core.journal`).
 An async stream or ``collect_groups`` runs its synchronous step in slices of at most
 :data:`SLICE_S` seconds, so the lock is free between slices and another call (a pause, a weight
 update, a submission) gets in within about that long.
@@ -37,16 +40,53 @@ class _End:
 END: Any = _End()  # a stream has nothing left
 
 
+class CommitLock:
+    """A re-entrant lock that calls ``on_release()`` each time its outermost hold ends, still
+    holding it (then releases it, also when ``on_release`` raises). Use it as ``with lock:``.
+
+    Args:
+        on_release: what to do before the lock is let go (``None``: nothing).
+    """
+
+    def __init__(self, on_release: Callable[[], None] | None = None):
+        self._lock = threading.RLock()
+        self._depth = 0  # holds by the owning thread (only the owner changes it)
+        self._on_release = on_release
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._depth += 1
+        return got
+
+    def release(self) -> None:
+        self._depth -= 1
+        try:
+            if self._depth == 0 and self._on_release is not None:
+                self._on_release()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "CommitLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class StepRunner:
     """Runs the pool's steps under one lock (see the module docstring).
 
     Args:
         progress: ``() -> int``, growing with every episode delivered: a slice that delivered
             one resets the caller's ``timeout_s`` clock.
+        on_release: called, under the lock, whenever a call's outermost hold of it ends (the
+            pool commits its journal there); ``None``: nothing.
     """
 
-    def __init__(self, progress: Callable[[], int]):
-        self.lock = threading.RLock()
+    def __init__(self, progress: Callable[[], int], on_release: Callable[[], None] | None = None):
+        self.lock = CommitLock(on_release)
         self._progress = progress
         self._unseen: RunAborted | None = None
 

@@ -219,10 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("overrides", nargs="*")
     # Sub-commands that live in their own modules: each adds its parser and sets ``run``.
     from rollout.devtools.bench import env as bench_env
+    from rollout.devtools.bench import journal as bench_journal
     from rollout.devtools.bench import pool as bench_pool
+    from rollout.devtools.bench import startup as bench_startup
     from rollout.devtools.bench import turns as bench_turns
 
-    for module in (bench_env, bench_pool, bench_turns):
+    for module in (bench_env, bench_pool, bench_turns, bench_journal, bench_startup):
         module.add_parser(sub)
     from rollout.app.cli import parse_args_with_overrides
     from rollout.core.logs import setup_logging

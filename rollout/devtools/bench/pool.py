@@ -39,6 +39,11 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
   core; the event loop and the tau2 threads share one GIL, so about 1.0 is an actor's ceiling),
   ``sandbox`` excluded. ``machine busy``: the whole machine's busy fraction (``psutil.cpu_times``,
   every process, other users' included). A row is **CPU-bound** when either is >= 0.85.
+* ``driver cores``: the driver's CPU over the window / its length (its one thread: dispatch,
+  results, the journal and the streams).
+* ``bound by``: which resource bounds the row (:func:`bound_by`): ``call latency`` (ratio >= 0.9),
+  ``actor CPU``, ``driver``, ``machine CPU``, ``local server`` (calls queued at the server: a
+  call took >= 1.5x the injected latency with nothing above saturated) or ``unknown``.
 * ``lag p50 / p99``: event-loop lag of the actors (:class:`rollout.core.worker.LoopLagProbe`, a
   coroutine sleeping 10 ms in a loop, started by :meth:`rollout.core.pool.RolloutPool.loop_lags`):
   p50 is the median over actors, p99 the worst actor's.
@@ -332,6 +337,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     r["driver_cores"] = r["driver_cpu_s"] / w_s if w_s > 0 else None
     busy = r["machine_busy_fraction"]
     r["cpu_bound"] = bool((r["actor_cores_max"] or 0.0) >= CPU_BOUND_AT or (busy or 0.0) >= CPU_BOUND_AT)
+    r["bound_by"] = bound_by(r)
     lags = [x for x in r["loop_lags"] if x.get("samples")]
     r["loop_lag_p50_ms"] = statistics.median(x["p50_ms"] for x in lags) if lags else None
     r["loop_lag_p99_ms"] = max(x["p99_ms"] for x in lags) if lags else None
@@ -342,6 +348,39 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     rss = r["rss_peak_bytes"]
     r["rss_mib_per_actor"] = max(rss) / MIB if rss else None
     return r
+
+
+# A /generate call that takes this many times the injected latency (as the actors saw it) waited
+# at the server, not in the actors: the local server is the bound.
+SERVER_QUEUE_AT = 1.5
+
+
+def bound_by(r: dict[str, Any]) -> str:
+    """Which resource bounds a row's episodes/s (first that applies; the README and
+    docs/performance.md name it per row):
+
+    * ``call latency``: ratio >= :data:`RATIO_TARGET`; the calls' own latency is the bound (the ideal);
+    * ``actor CPU``: the busiest actor's own process used >= :data:`CPU_BOUND_AT` of a core (its
+      event loop and tau2 threads share one GIL);
+    * ``driver``: the driver (dispatch, journal, streams: one thread) used >= that share of a core;
+    * ``machine CPU``: the whole machine was >= that busy (actors, local server and router share it);
+    * ``local server``: a call took >= :data:`SERVER_QUEUE_AT` x the injected latency as the
+      actors saw it with none of the above: the requests queued at the server;
+    * ``unknown``: none of these (e.g. no injected latency to compare with).
+    """
+    ratio, busy = r.get("ratio"), r.get("machine_busy_fraction")
+    if ratio is not None and ratio >= RATIO_TARGET:
+        return "call latency"
+    if (r.get("actor_cores_max") or 0.0) >= CPU_BOUND_AT:
+        return "actor CPU"
+    if (r.get("driver_cores") or 0.0) >= CPU_BOUND_AT:
+        return "driver"
+    if (busy or 0.0) >= CPU_BOUND_AT:
+        return "machine CPU"
+    call, ideal = r.get("call_s"), r.get("ideal_call_s")
+    if r.get("latency_s") and call and ideal and call >= SERVER_QUEUE_AT * ideal:
+        return "local server"
+    return "unknown"
 
 
 def judge(row: dict[str, Any], reference_cpu_s: float | None) -> dict[str, Any]:
@@ -574,7 +613,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'row':<9} {'conc':>5} {'actors':>6} {'eps':>5} {'window':>6} {'eps/s':>7} {'ideal':>7} {'ratio':>6} "
             f"{'calls/ep':>8} {'call s':>7} {'ep s':>7} {'CPU s/ep':>8} {'actor cores':>11} {'machine busy':>12} "
             f"{'stack cores':>11} {'lag p50 ms':>10} {'lag p99 ms':>10} {'floor p99':>9} {'loop cpu/wait':>13} "
-            f"{'RSS MiB/actor':>13} {'CPU-bound':>9} "
+            f"{'RSS MiB/actor':>13} {'CPU-bound':>9} {'driver cores':>12} {'bound by':>12} "
             f"{'loop actors/stack':>17}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -588,6 +627,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{_f(r.get('floor_lag_p99_ms'), '.1f'):>9} "
             f"{_f(r.get('loop_cpu_share'), '.2f') + '/' + _f(r.get('loop_wait_share'), '.2f'):>13} "
             f"{_f(r['rss_mib_per_actor'], '.0f'):>13} {'yes' if r['cpu_bound'] else 'no':>9} "
+            f"{_f(r.get('driver_cores'), '.2f'):>12} {r.get('bound_by') or '-':>12} "
             f"{(r.get('event_loop') or '-') + '/' + (r.get('stack_event_loop') or '-'):>17}")
     return "\n".join(lines)
 
