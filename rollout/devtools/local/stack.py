@@ -217,6 +217,13 @@ def _descendants(pids: list[int]) -> list[int]:
     return out
 
 
+def _kv_args(local: LocalConfig) -> list[str]:
+    """The servers' ``--kv-*`` flags for ``local.kv`` (only the keys that are not 0)."""
+    from rollout.devtools.local.kvmodel import KVParams
+
+    return KVParams(**dataclasses.asdict(local.kv)).cli_args()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now (the OS picks it; a race is possible)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -254,7 +261,7 @@ class LocalStack:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
             ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``event_loop``
-            as ``--event-loop``, ``tiny``
+            as ``--event-loop``, ``kv`` as the ``--kv-*`` flags, ``tiny``
             model config).
         domain: the domain the gold-replay servers index: a tau2 domain (a registry name: ``retail``, ``airline``,
             ``telecom``, ...), or ``"<benchmark>:<domain>"`` for another benchmark (``tau_bench:retail``;
@@ -444,6 +451,7 @@ class LocalStack:
                 "--tokenizer", self.tokenizer, "--chat-format", self.chat_format, "--tiny-config", tiny_json,
                 "--weight-version", str(local.weight_version),
                 "--generate-latency-s", repr(float(local.generate_latency_s)),
+                *_kv_args(local),
                 "--event-loop", local.event_loop,
                 *key_args, *self._fate_args(),
             ]
