@@ -117,6 +117,34 @@ class LocalBackend(Choice):
     TINY = "tiny"  # a tiny random Qwen3-architecture model (the [tiny] extra: torch)
 
 
+class Routing(Choice):
+    """``policy.routing``: what each ``/generate`` call sends as ``X-SMG-Routing-Key`` (the key the
+    router keeps on one worker, so that the worker's prefix cache holds what the next call resends)."""
+
+    NONE = "none"  # no key: the router's policy alone picks the worker
+    EPISODE = "episode"  # the episode id: every turn of an episode on one worker
+    GROUP = "group"  # the group id: the n samples of a task (and all their turns) on one worker
+
+
+class RouterPolicy(Choice):
+    """``local.router_policy``: the ``--policy`` the local stack gives ``sglang-router`` (0.3.2's
+    policies; :mod:`rollout.devtools.local.stack`)."""
+
+    AUTO = "auto"  # the policy that honours X-SMG-Routing-Key: manual (with --assignment-mode min_group)
+    MANUAL = "manual"  # sticky: a routing key stays on the worker it was first assigned
+    CACHE_AWARE = "cache_aware"  # approximate radix tree of the prompts each worker saw, load balancing past thresholds
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    POWER_OF_TWO = "power_of_two"  # the less loaded of two random workers
+
+
+class KVSignal(Choice):
+    """``pool.adaptive_concurrency.signal``: how the workers' KV usage readings become one figure."""
+
+    MAX = "max"  # the fullest worker (holds back as soon as any worker is full)
+    MEAN = "mean"  # the mean over the workers read
+
+
 class LogLevel(Choice):
     """``logging.level`` / ``logging.tau2_level``: a level name, in any case (``info`` is ``INFO``)."""
 

@@ -34,6 +34,7 @@ from rollout.core.choices import (
     EventLoop,
     GroupFilter,
     History,
+    KVSignal,
     LocalBackend,
     LogLevel,
     OnGroupFailure,
@@ -41,6 +42,8 @@ from rollout.core.choices import (
     OnParseError,
     OnStale,
     PartialRollout,
+    RouterPolicy,
+    Routing,
     SampleMode,
     UserKind,
     values_to_names,
@@ -109,6 +112,13 @@ class PolicyConfig:
     # the router and the workers (SGLang's --api-key / --admin-api-key); null: none. The local
     # stack then requires it. Keys are read from the environment only, never written anywhere.
     api_key_env: Optional[str] = None
+    # What each /generate call sends as X-SMG-Routing-Key, the key the router keeps on one worker so
+    # that its prefix cache holds what the next call resends: group = the group id (the
+    # n_samples_per_task samples of a task, and every turn of each, on one worker: the shared
+    # prompt is prefilled once, each later turn finds its own prefix); episode = the episode id;
+    # none = no key (the router's policy alone decides). The router must run a policy that honours
+    # the key (sglang-router 0.3.2: --policy manual; docs/local-stack.md "Routing").
+    routing: Routing = Routing.GROUP
     on_parse_error: OnParseError = OnParseError.FEEDBACK  # feedback: tell the model and go on; abort: end the episode
     # A turn cut at policy.sampling.max_new_tokens (finish_reason "length"): truncate = end the
     # episode `truncated` (termination_reason turn_length; the cut text never reaches the user or
@@ -173,6 +183,27 @@ class EnvConfig:
 
 
 @dataclass
+class AdaptiveConcurrencyConfig:
+    """KV-aware concurrency (``pool.adaptive_concurrency``; :mod:`rollout.core.policy.kvgate`): each
+    actor reads the workers' KV usage (SGLang's ``sglang:token_usage`` on each worker's
+    ``/metrics``) and holds back new episodes and new turns (before their ``/generate`` call)
+    while it is above ``high_water``, until it falls below ``low_water``.
+    ``pool.max_concurrent_episodes`` stays the upper bound."""
+
+    enabled: bool = False
+    high_water: float = 0.90  # share of the KV budget (sglang:token_usage) past which calls are held
+    low_water: float = 0.75  # share below which held calls go on (hysteresis: < high_water)
+    poll_interval_s: float = 0.5  # seconds between two reads of the workers' /metrics (one poller per actor)
+    timeout_s: float = 2.0  # bound on one read of one worker's /metrics; a failed read counts as unknown (not held)
+    # max = the fullest worker's usage (holds everything as soon as one worker is full); mean = the
+    # mean over the workers read
+    signal: KVSignal = KVSignal.MAX
+    # The workers whose /metrics are read: null = the workers the router lists (GET /workers at
+    # policy.router_url, re-read every 30 polls), or a list of http://host:port
+    worker_urls: Optional[list[str]] = None
+
+
+@dataclass
 class PoolConfig:
     """The Ray actor pool."""
 
@@ -193,6 +224,7 @@ class PoolConfig:
     # Sets RAY_USE_UVLOOP in each actor's runtime_env (rollout.core.eventloop); the pool checks the
     # loop each actor got.
     event_loop: EventLoop = EventLoop.UVLOOP
+    adaptive_concurrency: AdaptiveConcurrencyConfig = field(default_factory=AdaptiveConcurrencyConfig)
 
 
 @dataclass
@@ -272,6 +304,10 @@ class LocalConfig:
     # number of requests wait at once. 0.0: no added latency.
     generate_latency_s: float = 0.0
     event_loop: EventLoop = EventLoop.UVLOOP  # the servers' event loop (as pool.event_loop; rollout.core.eventloop)
+    # The router's --policy: auto = the one that honours policy.routing's X-SMG-Routing-Key
+    # (sglang-router 0.3.2: manual, keys assigned to the worker with the fewest keys), or one of
+    # the router's own: manual | cache_aware | round_robin | random | power_of_two (docs/local-stack.md "Routing")
+    router_policy: RouterPolicy = RouterPolicy.AUTO
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     kv: LocalKVConfig = field(default_factory=LocalKVConfig)
 
@@ -416,6 +452,17 @@ def validate(cfg: Config) -> Config:
     _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
     _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
     _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
+    ac = cfg.pool.adaptive_concurrency
+    _check(0 < ac.high_water <= 1, "pool.adaptive_concurrency.high_water", f"must be in (0, 1] (a share of the KV budget), got {ac.high_water}")
+    _check(0 <= ac.low_water < ac.high_water, "pool.adaptive_concurrency.low_water",
+           f"must be in [0, pool.adaptive_concurrency.high_water={ac.high_water}), got {ac.low_water}")
+    _check(ac.poll_interval_s > 0, "pool.adaptive_concurrency.poll_interval_s", f"must be > 0 (seconds), got {ac.poll_interval_s}")
+    _check(ac.timeout_s > 0, "pool.adaptive_concurrency.timeout_s", f"must be > 0 (seconds), got {ac.timeout_s}")
+    if ac.worker_urls is not None:
+        _check(len(ac.worker_urls) > 0, "pool.adaptive_concurrency.worker_urls", "must be null (the router's workers) or name at least one worker")
+        for u in ac.worker_urls:
+            _check(isinstance(u, str) and u.startswith(("http://", "https://")), "pool.adaptive_concurrency.worker_urls",
+                   f"each must start with http:// or https://, got {u!r}")
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:

@@ -311,6 +311,7 @@ class RolloutWorker:
             if eid in self._cancelled:
                 result = _cancelled(spec)
             else:
+                client.groups[eid] = spec.group_id  # policy.routing=group: the key its calls send
                 task = asyncio.ensure_future(self._run(spec, client, timeout_s))
                 self._running[eid] = task
                 self._started.record(1)
@@ -324,6 +325,7 @@ class RolloutWorker:
                     result = _cancelled(spec)
                 finally:
                     self._running.pop(eid, None)
+                    client.groups.pop(eid, None)
                     self._running_gauge.record(len(self._running))
         self._cancelled.discard(eid)
         self.episodes_run += 1

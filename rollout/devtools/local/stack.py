@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import IO
 
 import rollout
+from rollout.core.choices import RouterPolicy
 from rollout.core.config import LocalConfig
 from rollout.core.tokenizer import resolve_tokenizer_path
 
@@ -166,6 +167,15 @@ def _router_main(argv: list[str]) -> int:
             except ProcessLookupError:
                 pass
         time.sleep(_POLL_S)
+
+
+def router_policy_args(policy: str) -> list[str]:
+    """The ``sglang_router.launch_router`` arguments for ``local.router_policy``: ``auto`` is
+    ``--policy manual --assignment-mode min_group`` (the 0.3.2 policy that honours
+    ``X-SMG-Routing-Key``; see the module docstring), any other value ``--policy <value>``."""
+    if policy == RouterPolicy.AUTO:
+        return ["--policy", "manual", "--assignment-mode", "min_group"]
+    return ["--policy", str(RouterPolicy(policy).value)]
 
 
 def _redact(cmd: list[str], secrets_: list[str]) -> str:
@@ -479,7 +489,7 @@ class LocalStack:
         self._router_cmd = [
             "--host", host, "--port", str(router_port),
             "--worker-urls", *self._worker_urls,
-            "--policy", "cache_aware",
+            *router_policy_args(local.router_policy),
             "--tokenizer-path", resolve_tokenizer_path(self.tokenizer),
             "--prometheus-host", host, "--prometheus-port", str(free_port(host)),
             "--log-level", "warn",
