@@ -11,7 +11,7 @@
   what the router reads at registration (``model_path`` is the local tokenizer folder, so the
   router loads its tokenizer from disk).
 
-Run it as ``python -m tests.support.tagged_worker --port P --name NAME --model-path DIR``, or
+Run it as ``python -m tests.support.tagged_worker --port P --name NAME --model-path DIR [--delay-s S]``, or
 in-process with :func:`make_app`.
 """
 
@@ -26,8 +26,9 @@ from aiohttp import web
 ROUTING_HEADER = "X-SMG-Routing-Key"
 
 
-def make_app(name: str, model_path: str) -> web.Application:
-    """The worker's aiohttp application (see the module docstring)."""
+def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Application:
+    """The worker's aiohttp application (see the module docstring); each ``/generate`` waits
+    ``delay_s`` seconds (an asyncio sleep) before it answers, so that calls overlap."""
     state = {"usage": 0.0, "fail": False, "calls": 0, "by_key": collections.Counter()}
 
     async def generate(request: web.Request) -> web.Response:
@@ -36,6 +37,8 @@ def make_app(name: str, model_path: str) -> web.Application:
         state["calls"] += 1
         state["by_key"][key or ""] += 1
         ids = body.get("input_ids") or [0]
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         return web.json_response({
             "text": "x", "output_ids": [7],
             "meta_info": {"id": body.get("rid"), "finish_reason": {"type": "stop", "matched": 7},
@@ -92,8 +95,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--model-path", required=True)
+    p.add_argument("--delay-s", type=float, default=0.0)
     args = p.parse_args()
-    web.run_app(make_app(args.name, args.model_path), host=args.host, port=args.port, print=None,
+    web.run_app(make_app(args.name, args.model_path, args.delay_s), host=args.host, port=args.port, print=None,
                 loop=asyncio.new_event_loop())
 
 

@@ -49,6 +49,7 @@ from rollout.core import fastjson
 from rollout.core.config import PolicyConfig, Routing
 from rollout.core.policy.admin import RouterAdmin, WeightSyncError
 from rollout.core.policy.auth import api_key_from_env, auth_headers, describe_error, redact
+from rollout.core.policy.kvgate import KVGate
 from rollout.core.policy.protocol import Generation, PolicyClient, PolicyServerError, parse_generate_response
 from rollout.core.policy.resilience import BackendBreaker, GenerationGate
 from rollout.core.telemetry.probes import PolicyMetrics
@@ -85,12 +86,16 @@ class SGLangClient:
         recorder: where the calls' metrics go (:class:`~rollout.core.telemetry.probes.PolicyMetrics`:
             answered calls by finish type, their latency and tokens, failures, retries, breaker
             openings, the servers' weight version); ``None``: nowhere.
+        kv_gate: the actor's :class:`~rollout.core.policy.kvgate.KVGate` (``pool.adaptive_concurrency``):
+            every attempt first waits while it is closed; ``None``: no KV-aware holding.
 
     Attributes:
         inflight: routing key (episode id) -> the ``rid`` of the attempt now out (or last out),
             so that a cancelled episode's request can be aborted.
         groups: episode id -> group id, for ``policy.routing=group`` (:meth:`routing_header`);
             the worker registers each episode it runs and forgets it at the end.
+        kv_held_s: episode id -> seconds its calls waited at :attr:`kv_gate` (only episodes that
+            waited; the worker pops it into the episode's ``metadata["kv_held_s"]``).
         admin: a :class:`RouterAdmin` on the same router and session, with the same key and a
             short timeout (:data:`ABORT_TIMEOUT_S`), used for aborts.
         retries: failures that spent a retry, over all calls.
@@ -103,7 +108,7 @@ class SGLangClient:
     """
 
     def __init__(self, cfg: PolicyConfig, session: aiohttp.ClientSession, gate: GenerationGate | None = None,
-                 breaker: BackendBreaker | None = None, recorder: Recorder | None = None):
+                 breaker: BackendBreaker | None = None, recorder: Recorder | None = None, kv_gate: KVGate | None = None):
         if not cfg.router_url:
             raise ValueError("policy.router_url is not set")
         self.cfg = cfg
@@ -113,6 +118,8 @@ class SGLangClient:
         self.url = cfg.router_url.rstrip("/") + "/generate"
         self.inflight: dict[str, str] = {}
         self.groups: dict[str, str] = {}
+        self.kv_gate = kv_gate
+        self.kv_held_s: dict[str, float] = {}
         self._api_key = api_key_from_env(cfg.api_key_env)
         self._auth = auth_headers(self._api_key)
         self.admin = RouterAdmin(cfg.router_url, session, timeout_s=ABORT_TIMEOUT_S, api_key=self._api_key)
@@ -194,6 +201,10 @@ class SGLangClient:
         try:
             while True:
                 epoch = 0
+                if self.kv_gate is not None:  # pool.adaptive_concurrency: held while the workers' KV is nearly full
+                    held = await self.kv_gate.wait()
+                    if held:
+                        self.kv_held_s[routing_key] = self.kv_held_s.get(routing_key, 0.0) + held
                 if self.gate is not None:
                     await self.gate.wait_open()
                     epoch = self.gate.epoch
