@@ -282,6 +282,7 @@ class LocalKVConfig:
     prefill_s_per_token: float = 0.0  # seconds per uncached prompt token (one prefill at a time)
     decode_s_per_token: float = 0.0  # seconds per generated token
     s_per_running_request: float = 0.0  # seconds added to each generated token per running request
+    think_tokens: int = 0  # gold replay: a <think> block of this many tokens before each answer (hermes)
 
 
 @dataclass

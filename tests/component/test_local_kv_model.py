@@ -186,3 +186,24 @@ def test_real_server_process_metrics_under_load(tok, tmp_path):
     assert m["sglang:cache_hit_rate"] == pytest.approx(7 / 8)
     assert m["sglang:num_requests_total"] == 8
     assert m["sglang:generation_tokens_total"] == sum(len(o["output_ids"]) for o in outs)
+
+
+def test_gold_replay_thinks_before_it_answers(tok):
+    from rollout.core.formats.hermes import parse_turn
+    from rollout.devtools.local.backend_api import SamplingParams
+    from rollout.devtools.local.gold import GoldReplayBackend
+
+    plain = GoldReplayBackend("retail", tok)
+    thinking = GoldReplayBackend("retail", tok, think_tokens=100)
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    a = [t for t, _ in plain.generate(prompt, SamplingParams())]
+    b = [t for t, _ in thinking.generate(prompt, SamplingParams())]
+    text = tok.decode(b, skip_special_tokens=False)
+    assert text.startswith("<think>\n") and "</think>\n\n" in text
+    assert b[-len(a):] == a  # the same answer after the reasoning block
+    turn = parse_turn(tok.decode(b[:-1], skip_special_tokens=False))  # the client reads it as reasoning + the answer
+    assert turn.content == parse_turn(tok.decode(a[:-1], skip_special_tokens=False)).content
+    head = len(tok.encode("<think>\n", add_special_tokens=False)) + len(tok.encode("\n</think>\n\n", add_special_tokens=False))
+    assert len(b) - len(a) == 100 + head
+    with pytest.raises(ValueError):
+        GoldReplayBackend("retail", tok, think_tokens=-1)

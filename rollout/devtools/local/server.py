@@ -148,7 +148,8 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 
 
-def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None, chat_format: str = "auto") -> GenerationBackend:
+def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None, chat_format: str = "auto",
+                 think_tokens: int = 0) -> GenerationBackend:
     """Build a generation backend by name.
 
     Args:
@@ -159,6 +160,8 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
         chat_format: the chat format the gold-replay backends read and write, and ``tiny``
             renders its user-simulator chats with when the tokenizer has no chat template
             (``auto``: detected from the tokenizer).
+        think_tokens: gold replay: a reasoning block of this many tokens before every answer
+            (hermes / Qwen3 only; 0: none).
 
     Raises:
         ValueError: unknown backend name (or a backend's own construction error).
@@ -167,7 +170,8 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
     if name in ("gold_replay", "gold_replay_skip_write"):
         from rollout.devtools.local.gold import GoldReplayBackend
 
-        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"), chat_format=chat_format)
+        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"), chat_format=chat_format,
+                                 think_tokens=think_tokens)
     if name == "tiny":
         from rollout.devtools.local.tiny import TinyLMBackend  # needs torch; imported only here
 
@@ -340,6 +344,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     kv.add_argument("--kv-budget-tokens", type=int, default=0, help="KV tokens running requests may hold before retraction")
     kv.add_argument("--kv-prefill-s-per-token", type=float, default=0.0, help="seconds per uncached prompt token")
     kv.add_argument("--kv-decode-s-per-token", type=float, default=0.0, help="seconds per generated token")
+    kv.add_argument("--gold-think-tokens", type=int, default=0,
+                    help="gold replay: a <think> block of this many tokens before every answer (what makes running requests grow)")
     kv.add_argument("--kv-s-per-running-request", type=float, default=0.0,
                     help="seconds added to each generated token per running request")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
@@ -401,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
 
     tiny_cfg = json.loads(args.tiny_config) if args.tiny_config else None
     tokenizer = load_tokenizer(args.tokenizer)
-    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg, chat_format=args.chat_format)
+    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg, chat_format=args.chat_format,
+                           think_tokens=args.gold_think_tokens)
     server = LocalSGLangServer(
         backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
         weight_version=args.weight_version, api_key=api_key, admin_api_key=admin_api_key,

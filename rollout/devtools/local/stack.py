@@ -228,10 +228,12 @@ def _descendants(pids: list[int]) -> list[int]:
 
 
 def _kv_args(local: LocalConfig) -> list[str]:
-    """The servers' ``--kv-*`` flags for ``local.kv`` (only the keys that are not 0)."""
+    """The servers' ``--kv-*`` (and ``--gold-think-tokens``) flags for ``local.kv`` (only the keys that are not 0)."""
     from rollout.devtools.local.kvmodel import KVParams
 
-    return KVParams(**dataclasses.asdict(local.kv)).cli_args()
+    params = dataclasses.asdict(local.kv)
+    think = params.pop("think_tokens", 0)
+    return KVParams(**params).cli_args() + (["--gold-think-tokens", str(think)] if think else [])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
