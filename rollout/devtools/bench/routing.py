@@ -71,11 +71,12 @@ logger = logging.getLogger(__name__)
 
 # The local servers' KV model for this bench (see the module docstring for why these numbers).
 BENCH_KV = {
-    "local.kv.cache_tokens": 400_000,
-    "local.kv.kv_budget_tokens": 96_000,
+    "local.kv.cache_tokens": 200_000,
+    "local.kv.kv_budget_tokens": 48_000,
     "local.kv.prefill_s_per_token": 0.00002,
-    "local.kv.decode_s_per_token": 0.002,
-    "local.kv.s_per_running_request": 0.00002,
+    "local.kv.decode_s_per_token": 0.0001,
+    "local.kv.s_per_running_request": 0.00005,
+    "local.kv.think_tokens": 800,
 }
 ROUTINGS = {  # row name -> (policy.routing, local.router_policy)
     "round_robin": ("none", "round_robin"),
@@ -259,17 +260,20 @@ def run_row(cfg, routing: str, adaptive: bool, tasks: int, n: int) -> dict[str, 
         before = _scrape(urls)
         t0 = time.monotonic()
         pool.submit_tasks(task_ids[:tasks], n_samples_per_task=n)
-        calls, statuses, last = [], {}, t0
+        calls, statuses, last, held = [], {}, t0, 0.0
         for res in pool.results():
             statuses[res.status.value] = statuses.get(res.status.value, 0) + 1
+            held += float((res.metadata or {}).get("kv_held_s") or 0.0)
             last = time.monotonic()
             tr = res.trajectory
             if tr is not None and not tr.segment_starts:
                 tr = tr.expand() if getattr(tr, "is_compact", False) else tr
                 calls.append(episode_calls(tr.prompt_ids, tr.response_ids, tr.generation_spans))
         after = _scrape(urls)
-    return make_row(routing, adaptive, metrics_delta(before, after), ideal_hits(calls),
-                    sum(statuses.values()), last - t0, statuses)
+    row = make_row(routing, adaptive, metrics_delta(before, after), ideal_hits(calls),
+                   sum(statuses.values()), last - t0, statuses)
+    row["kv_held_s_per_episode"] = held / max(1, row["episodes"])  # calls held by the KV gate (adaptive rows)
+    return row
 
 
 def row_overrides(routing: str, adaptive: bool, workers: int, concurrency: int, actors: int, n: int, out_dir: str) -> list[str]:
