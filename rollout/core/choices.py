@@ -159,6 +159,29 @@ class LogLevel(Choice):
         return next((m for m in cls if m.value == upper), None)
 
 
+def plain_values(value: Any) -> Any:
+    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
+    if isinstance(value, Choice):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_values(v) for v in value]
+    return value
+
+
+def choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
+    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
+    for any other type."""
+    args = typing.get_args(tp)
+    nullable = type(None) in args
+    if nullable:
+        tp = next((a for a in args if a is not type(None)), None)
+    if isinstance(tp, type) and issubclass(tp, Choice):
+        return tp, nullable
+    return None, False
+
+
 def values_to_names(node: Any, schema: type) -> Any:
     """Rewrite, in place, every choice value in ``node`` to its member's name, and return ``node``.
 

@@ -17,11 +17,11 @@ import urllib.request
 
 import pytest
 from aiohttp import web
+from support.tagged_worker import make_app
 
 from rollout.core.config import load_config
 from rollout.core.records import EpisodeStatus
 from rollout.devtools.local.stack import free_port
-from support.tagged_worker import make_app
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -39,8 +39,8 @@ from typing import Callable
 
 import aiohttp
 
+from rollout.core.adaptive import AdaptiveConcurrencyConfig
 from rollout.core.choices import KVSignal
-from rollout.core.config import AdaptiveConcurrencyConfig
 from rollout.core.policy.auth import auth_headers, describe_error
 from rollout.core.policy.protocol import PolicyServerError
 
