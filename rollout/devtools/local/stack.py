@@ -42,8 +42,9 @@ with four workers that report who served each call and the header they got,
   ``min_load`` 16/16/16/16, ``random`` 12/17/16/19; keys started one after another (nothing in
   flight, so every worker ties): ``min_group`` 13/14/14/23, ``random`` 15/18/14/17.
 * ``cache_aware`` ignores the header and sent all 64 keys (prompts sharing a 199-token prefix,
-  as every episode shares the system prompt) to one worker; ``round_robin`` ignores it too
-  (16 each, whatever the key). After SIGKILL of one worker, ``manual`` kept answering (2 of 64
+  as every episode shares the system prompt) to one worker; ``round_robin``, ``random`` and
+  ``power_of_two`` ignore it too (63 keys, 3 calls each one after another: a key's calls landed on
+  different workers). After SIGKILL of one worker, ``manual`` kept answering (2 of 64
   calls failed while the router still listed the dead worker as healthy; the client retries
   those), and only the dead worker's keys moved.
 * With ``policy.router_url`` set (a router you run), run it with ``--policy manual`` (0.3.2;
