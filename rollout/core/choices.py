@@ -119,7 +119,13 @@ class LocalBackend(Choice):
 
 class Routing(Choice):
     """``policy.routing``: what each ``/generate`` call sends as ``X-SMG-Routing-Key`` (the key the
-    router keeps on one worker, so that the worker's prefix cache holds what the next call resends)."""
+    router keeps on one worker, so that the worker's prefix cache holds what the next call resends).
+
+    The default is ``group``: a GRPO group's members share their prompt (system prompt, tools, the
+    task's first user turn), so on one worker it is prefilled once rather than once per member,
+    and each member's later turns extend its own prefix there; with ``n_samples_per_task=1`` it is
+    ``episode``. ``episode`` suits few, very large groups (a group is the unit of placement).
+    """
 
     NONE = "none"  # no key: the router's policy alone picks the worker
     EPISODE = "episode"  # the episode id: every turn of an episode on one worker
