@@ -38,9 +38,10 @@ with four workers that report who served each call and the header they got,
   A call without the header goes to a worker of the policy's choosing. ``auto`` is
   ``--policy manual --assignment-mode min_group`` (:func:`router_policy_args`).
 * Spread, 64 keys over 4 workers, 3 calls per key, every call answered by the worker the key was
-  first given: keys started all at once (each call taking 0.2 s): ``min_group`` 16/16/16/16,
-  ``min_load`` 16/16/16/16, ``random`` 12/17/16/19; keys started one after another (nothing in
-  flight, so every worker ties): ``min_group`` 13/14/14/23, ``random`` 15/18/14/17.
+  first given (``python -m support.routing_spread`` from ``tests/``): keys started all at once
+  (each call taking 0.2 s): ``min_group`` 16/16/16/16 (two runs), ``min_load`` 16/16/16/16,
+  ``random`` 12/17/16/19 and 20/10/25/9; keys started one after another (nothing in flight, so
+  every worker ties and the pick is random): ``min_group`` 13/14/14/23 and 16/15/13/20.
 * ``cache_aware`` ignores the header and sent all 64 keys (prompts sharing a 199-token prefix,
   as every episode shares the system prompt) to one worker; ``round_robin``, ``random`` and
   ``power_of_two`` ignore it too (63 keys, 3 calls each one after another: a key's calls landed on
