@@ -119,7 +119,13 @@ class LocalBackend(Choice):
 
 class Routing(Choice):
     """``policy.routing``: what each ``/generate`` call sends as ``X-SMG-Routing-Key`` (the key the
-    router keeps on one worker, so that the worker's prefix cache holds what the next call resends)."""
+    router keeps on one worker, so that the worker's prefix cache holds what the next call resends).
+
+    The default is ``group``: a GRPO group's members share their prompt (system prompt, tools, the
+    task's first user turn), so on one worker it is prefilled once rather than once per member,
+    and each member's later turns extend its own prefix there; with ``n_samples_per_task=1`` it is
+    ``episode``. ``episode`` suits few, very large groups (a group is the unit of placement).
+    """
 
     NONE = "none"  # no key: the router's policy alone picks the worker
     EPISODE = "episode"  # the episode id: every turn of an episode on one worker
@@ -157,6 +163,29 @@ class LogLevel(Choice):
     def _missing_(cls, value: object) -> LogLevel | None:
         upper = value.upper() if isinstance(value, str) else None
         return next((m for m in cls if m.value == upper), None)
+
+
+def plain_values(value: Any) -> Any:
+    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
+    if isinstance(value, Choice):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_values(v) for v in value]
+    return value
+
+
+def choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
+    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
+    for any other type."""
+    args = typing.get_args(tp)
+    nullable = type(None) in args
+    if nullable:
+        tp = next((a for a in args if a is not type(None)), None)
+    if isinstance(tp, type) and issubclass(tp, Choice):
+        return tp, nullable
+    return None, False
 
 
 def values_to_names(node: Any, schema: type) -> Any:

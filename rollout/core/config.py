@@ -28,13 +28,13 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rollout.core.adaptive import AdaptiveConcurrencyConfig, adaptive_concurrency_problems
 from rollout.core.choices import (
     Choice,
     Evaluator,
     EventLoop,
     GroupFilter,
     History,
-    KVSignal,
     LocalBackend,
     LogLevel,
     OnGroupFailure,
@@ -46,6 +46,8 @@ from rollout.core.choices import (
     Routing,
     SampleMode,
     UserKind,
+    choice_of,
+    plain_values,
     values_to_names,
 )
 from rollout.core.context import context_strategies, is_import_path
@@ -183,27 +185,6 @@ class EnvConfig:
 
 
 @dataclass
-class AdaptiveConcurrencyConfig:
-    """KV-aware concurrency (``pool.adaptive_concurrency``; :mod:`rollout.core.policy.kvgate`): each
-    actor reads the workers' KV usage (SGLang's ``sglang:token_usage`` on each worker's
-    ``/metrics``) and holds back new episodes and new turns (before their ``/generate`` call)
-    while it is above ``high_water``, until it falls below ``low_water``.
-    ``pool.max_concurrent_episodes`` stays the upper bound."""
-
-    enabled: bool = False
-    high_water: float = 0.90  # share of the KV budget (sglang:token_usage) past which calls are held
-    low_water: float = 0.75  # share below which held calls go on (hysteresis: < high_water)
-    poll_interval_s: float = 0.5  # seconds between two reads of the workers' /metrics (one poller per actor)
-    timeout_s: float = 2.0  # bound on one read of one worker's /metrics; a failed read counts as unknown (not held)
-    # max = the fullest worker's usage (holds everything as soon as one worker is full); mean = the
-    # mean over the workers read
-    signal: KVSignal = KVSignal.MAX
-    # The workers whose /metrics are read: null = the workers the router lists (GET /workers at
-    # policy.router_url, re-read every 30 polls), or a list of http://host:port
-    worker_urls: Optional[list[str]] = None
-
-
-@dataclass
 class PoolConfig:
     """The Ray actor pool."""
 
@@ -337,22 +318,11 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as nested dicts of plain values (a choice as its value string), in schema
         order: what :func:`config_from_dict` rebuilds and the journal fingerprints."""
-        return _plain(dataclasses.asdict(self))
+        return plain_values(dataclasses.asdict(self))
 
     def to_yaml(self) -> str:
         """The config as YAML (plain values, schema order), e.g. ``config.yaml`` of a run."""
         return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
-    if isinstance(value, Choice):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -360,18 +330,6 @@ def _plain(value: Any) -> Any:
 def _field_types(cls: type) -> dict[str, Any]:
     """``{field name: resolved type}`` of a schema dataclass."""
     return typing.get_type_hints(cls)
-
-
-def _choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
-    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
-    for any other type."""
-    args = typing.get_args(tp)
-    nullable = type(None) in args
-    if nullable:
-        tp = next((a for a in args if a is not type(None)), None)
-    if isinstance(tp, type) and issubclass(tp, Choice):
-        return tp, nullable
-    return None, False
 
 
 def _choice_error(key: str, choice: type[Choice], nullable: bool, value: Any) -> ConfigError:
@@ -394,7 +352,7 @@ def _check_choices(section: Any, prefix: str = "") -> None:
         if dataclasses.is_dataclass(value):
             _check_choices(value, key + ".")
             continue
-        choice, nullable = _choice_of(_field_types(type(section))[f.name])
+        choice, nullable = choice_of(_field_types(type(section))[f.name])
         if choice is None or (value is None and nullable) or isinstance(value, choice):
             continue
         try:
@@ -453,17 +411,8 @@ def validate(cfg: Config) -> Config:
     _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
     _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
     _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
-    ac = cfg.pool.adaptive_concurrency
-    _check(0 < ac.high_water <= 1, "pool.adaptive_concurrency.high_water", f"must be in (0, 1] (a share of the KV budget), got {ac.high_water}")
-    _check(0 <= ac.low_water < ac.high_water, "pool.adaptive_concurrency.low_water",
-           f"must be in [0, pool.adaptive_concurrency.high_water={ac.high_water}), got {ac.low_water}")
-    _check(ac.poll_interval_s > 0, "pool.adaptive_concurrency.poll_interval_s", f"must be > 0 (seconds), got {ac.poll_interval_s}")
-    _check(ac.timeout_s > 0, "pool.adaptive_concurrency.timeout_s", f"must be > 0 (seconds), got {ac.timeout_s}")
-    if ac.worker_urls is not None:
-        _check(len(ac.worker_urls) > 0, "pool.adaptive_concurrency.worker_urls", "must be null (the router's workers) or name at least one worker")
-        for u in ac.worker_urls:
-            _check(isinstance(u, str) and u.startswith(("http://", "https://")), "pool.adaptive_concurrency.worker_urls",
-                   f"each must start with http:// or https://, got {u!r}")
+    for key, msg in adaptive_concurrency_problems(cfg.pool.adaptive_concurrency):
+        _check(False, key, msg)
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:
@@ -509,7 +458,7 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     owner, name = getattr(e, "object_type", None), getattr(e, "key", None)
     if key and dataclasses.is_dataclass(owner) and isinstance(name, str) and name in _field_types(owner):
-        choice, nullable = _choice_of(_field_types(owner)[name])
+        choice, nullable = choice_of(_field_types(owner)[name])
         if choice is not None:
             return _choice_error(str(key), choice, nullable, getattr(e, "value", None))
     msg = str(e).splitlines()[0]

@@ -323,6 +323,7 @@ class RolloutWorker:
         if self._metrics_probe is not None:
             self._metrics_probe.start()
         eid = spec.episode_id
+        held = 0.0  # seconds its calls waited at the KV gate
         async with self._semaphore:
             if eid in self._cancelled:
                 result = _cancelled(spec)
@@ -342,9 +343,9 @@ class RolloutWorker:
                 finally:
                     self._running.pop(eid, None)
                     client.groups.pop(eid, None)
+                    held = client.kv_held_s.pop(eid, 0.0)
                     self._running_gauge.record(len(self._running))
         self._cancelled.discard(eid)
-        held = client.kv_held_s.pop(eid, 0.0)
         if held:
             result.metadata["kv_held_s"] = round(held, 3)
         self.episodes_run += 1

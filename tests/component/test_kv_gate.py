@@ -10,12 +10,12 @@ import logging
 import aiohttp
 import pytest
 from aiohttp import web
+from support.tagged_worker import make_app
 
 from rollout.core.config import AdaptiveConcurrencyConfig, PolicyConfig
 from rollout.core.policy import SGLangClient
 from rollout.core.policy.kvgate import KVGate
 from rollout.devtools.local.stack import free_port
-from support.tagged_worker import make_app
 
 
 async def _worker(name: str, delay_s: float = 0.0) -> tuple[web.AppRunner, str]:

@@ -163,3 +163,42 @@ def test_the_kv_gate_reads_the_workers_the_router_lists(routed):
                         assert r.status == 200
 
     asyncio.run(main())
+
+
+def test_the_worker_sends_each_episode_s_group_id(routed, retail):
+    """RolloutWorker registers each episode's group with its client: a group's members, every
+    turn of each, reach one worker with the group id as their key (the tagged workers count the
+    keys they were sent)."""
+    from rollout.core.config import load_config
+    from rollout.core.pool.specs import make_specs
+    from rollout.core.worker import RolloutWorker
+
+    router, urls = routed
+    cfg = load_config(None, [f"policy.router_url={router}", "policy.routing=group", "env.max_steps=3"])
+    specs = make_specs("retail", retail.task_ids("base")[:4], 3, prefix="wk-")
+
+    async def main():
+        worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=12)
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*[worker.run(s) for s in specs]), timeout=120)
+        finally:
+            await worker.close()
+        async with aiohttp.ClientSession() as s:
+            served = []
+            for u in urls:
+                async with s.get(u + "/served") as r:
+                    served.append((await r.json())["by_key"])
+        return results, served
+
+    results, served = asyncio.run(main())
+    requests = sum(r.metadata["requests"] for r in results)
+    assert requests >= len(specs)  # every episode made at least one call
+    seen: dict[str, list[str]] = collections.defaultdict(list)
+    for i, by_key in enumerate(served):
+        for key, n in by_key.items():
+            if key.startswith("wk-"):
+                seen[key].append(f"w{i}")
+                requests -= n
+    assert requests == 0  # every call of these episodes carried a key of theirs
+    assert sorted(seen) == sorted({s.group_id for s in specs})  # the group ids, never an episode id
+    assert all(len(w) == 1 for w in seen.values()), seen  # each group on one worker

@@ -39,8 +39,8 @@ from typing import Callable
 
 import aiohttp
 
+from rollout.core.adaptive import AdaptiveConcurrencyConfig
 from rollout.core.choices import KVSignal
-from rollout.core.config import AdaptiveConcurrencyConfig
 from rollout.core.policy.auth import auth_headers, describe_error
 from rollout.core.policy.protocol import PolicyServerError
 
@@ -108,6 +108,7 @@ class KVGate:
         self._api_key = api_key
         self._open = asyncio.Event()
         self._open.set()
+        self._first = asyncio.Event()  # set once the first poll is done: calls wait for it
         self._task: asyncio.Task | None = None
         self._urls: list[str] = [u.rstrip("/") for u in cfg.worker_urls] if cfg.worker_urls else []
         self._failing: set[str] = set()
@@ -129,8 +130,12 @@ class KVGate:
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="kv-gate-poller")
 
     async def wait(self) -> float:
-        """Wait while the gate is closed; returns the seconds waited (0.0 when it was open)."""
+        """Wait while the gate is closed; returns the seconds waited (0.0 when it was open). The
+        first calls also wait for the first poll (bounded by ``timeout_s`` per read), so that a
+        pool starting against full workers does not send its first turns blind."""
         self.start()
+        if not self._first.is_set():  # (not counted as held: the gate has not judged yet)
+            await self._first.wait()
         if self._open.is_set():
             return 0.0
         t0 = time.monotonic()
@@ -168,6 +173,7 @@ class KVGate:
             figure = max(known)
         self.polls += 1
         self.update(figure)
+        self._first.set()
         return figure
 
     async def _workers(self) -> list[str]:
@@ -219,6 +225,7 @@ class KVGate:
             except Exception as e:  # a bug here must not hold the pool: open and go on polling
                 logger.exception("KV gate: poll failed (%r); the gate opens", e)
                 self.update(None)
+                self._first.set()
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def stats(self) -> dict:
@@ -232,3 +239,4 @@ class KVGate:
             self._task.cancel()
             self._task = None
         self._open.set()
+        self._first.set()

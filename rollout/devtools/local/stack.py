@@ -24,6 +24,34 @@ Router facts this relies on (sglang-router 0.3.2):
   answer 404; ``GET /get_server_info`` is the router's own summary (``{"router_manager",
   "routers_count", "workers_count"}``); ``GET /v1/models`` lists the workers' models.
 
+Routing (``local.router_policy``; sglang-router 0.3.2, found in its ``--help`` and by experiment
+with four workers that report who served each call and the header they got,
+``tests/support/tagged_worker.py``, ``tests/component/test_routing_affinity.py``):
+
+* 0.3.2's policies are ``random``, ``round_robin``, ``cache_aware``, ``power_of_two`` and
+  ``manual`` (no ``consistent_hashing``: that came in later versions of the gateway). Only
+  ``manual`` reads ``X-SMG-Routing-Key``: a new key is assigned to a worker and stays there
+  (sticky assignment kept in the router, not a hash of the key), with ``--assignment-mode``
+  ``random`` (the default), ``min_load`` (fewest requests in flight) or ``min_group`` (fewest
+  keys in flight). A key whose worker turns unhealthy is given a new one; the other keys stay
+  where they are. Keys are forgotten after ``--max-idle-secs`` (default 14400) without a call.
+  A call without the header goes to a worker of the policy's choosing. ``auto`` is
+  ``--policy manual --assignment-mode min_group`` (:func:`router_policy_args`).
+* Spread, 64 keys over 4 workers, 3 calls per key, every call answered by the worker the key was
+  first given (``python -m support.routing_spread`` from ``tests/``): keys started all at once
+  (each call taking 0.2 s): ``min_group`` 16/16/16/16 (two runs), ``min_load`` 16/16/16/16,
+  ``random`` 12/17/16/19 and 20/10/25/9; keys started one after another (nothing in flight, so
+  every worker ties and the pick is random): ``min_group`` 13/14/14/23 and 16/15/13/20.
+* ``cache_aware`` ignores the header and sent all 64 keys (prompts sharing a 199-token prefix,
+  as every episode shares the system prompt) to one worker; ``round_robin``, ``random`` and
+  ``power_of_two`` ignore it too (63 keys, 3 calls each one after another: a key's calls landed on
+  different workers). After SIGKILL of one worker, ``manual`` kept answering (2 of 64
+  calls failed while the router still listed the dead worker as healthy; the client retries
+  those), and only the dead worker's keys moved.
+* With ``policy.router_url`` set (a router you run), run it with ``--policy manual`` (0.3.2;
+  ``--assignment-mode min_group`` spreads keys started together evenly) or, in a gateway that
+  has it, ``--policy consistent_hashing``; under any other policy ``policy.routing`` has no effect.
+
 API keys (found by experiment with sglang-router 0.3.2, a header-logging worker behind it):
 
 * Without ``--api-key`` the router checks no client and forwards the client's ``Authorization``
@@ -271,6 +299,7 @@ class LocalStack:
 
     Args:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
+            ``router_policy`` (the router's ``--policy``: :func:`router_policy_args`),
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
             ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``event_loop``
             as ``--event-loop``, ``kv`` as the ``--kv-*`` flags, ``tiny``
