@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rollout.core.adaptive import AdaptiveConcurrencyConfig, adaptive_concurrency_problems
+from rollout.core.local_kv import LocalKVConfig, local_kv_problems
 from rollout.core.choices import (
     Choice,
     Evaluator,
@@ -255,18 +256,6 @@ class TinyModelConfig:
 
 
 @dataclass
-class LocalKVConfig:
-    """Per local server: a model of a prefix cache, KV budget and costs (devtools.local.kvmodel); 0 = off."""
-
-    cache_tokens: int = 0  # prefix-cache capacity in tokens (LRU eviction of leaves); 0: no cache
-    kv_budget_tokens: int = 0  # tokens running requests may hold before retraction; 0: unbounded
-    prefill_s_per_token: float = 0.0  # seconds per uncached prompt token (one prefill at a time)
-    decode_s_per_token: float = 0.0  # seconds per generated token
-    s_per_running_request: float = 0.0  # seconds added to each generated token per running request
-    think_tokens: int = 0  # gold replay: a <think> block of this many tokens before each answer (hermes)
-
-
-@dataclass
 class LocalConfig:
     """The local stack: SGLang-protocol test servers behind the real sglang-router (a developer
     tool: off unless asked for; configs/local.yaml, the CLI's default, turns it on)."""
@@ -447,8 +436,8 @@ def validate(cfg: Config) -> Config:
            "use rollout.sample_mode=per_turn or merge_prefix, or policy.history=append")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
     _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
-    for name, value in dataclasses.asdict(cfg.local.kv).items():
-        _check(value >= 0, f"local.kv.{name}", f"must be >= 0 (0: off), got {value}")
+    for key, msg in local_kv_problems(cfg.local.kv):
+        _check(False, key, msg)
     return cfg
 
 
