@@ -4,7 +4,15 @@ ratio (hand-computed), metric parsing and row assembly."""
 import pytest
 
 from rollout.devtools.bench.routing import (
-    METRICS, ROUTINGS, episode_calls, format_table, ideal_hits, make_row, metrics_delta, parse_worker_metrics, row_overrides,
+    METRICS,
+    ROUTINGS,
+    episode_calls,
+    format_table,
+    ideal_hits,
+    make_row,
+    metrics_delta,
+    parse_worker_metrics,
+    row_overrides,
     targets,
 )
 from rollout.devtools.local.kvmodel import KVModel, KVParams
