@@ -29,7 +29,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rollout.core.adaptive import AdaptiveConcurrencyConfig, adaptive_concurrency_problems
-from rollout.core.local_kv import LocalKVConfig, local_kv_problems
 from rollout.core.choices import (
     Choice,
     Evaluator,
@@ -54,6 +53,7 @@ from rollout.core.choices import (
 from rollout.core.context import context_strategies, is_import_path
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
 from rollout.core.formats.registry import AUTO, chat_formats
+from rollout.core.local_kv import LocalKVConfig, local_kv_problems
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
