@@ -244,6 +244,8 @@ class KVModel:
         async with self._prefill_lock:  # one prefill at a time
             if abort.done():
                 return False
+            if not req.running:  # retracted while it waited for its turn: nothing was computed;
+                return True  # decode() queues it again (a first prefill stays first)
             # A retracted request matches its prompt again (its output was never cached).
             hit = self.cache.match(req.prompt) if self.cache is not None else 0
             if req.first:
