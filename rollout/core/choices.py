@@ -117,6 +117,40 @@ class LocalBackend(Choice):
     TINY = "tiny"  # a tiny random Qwen3-architecture model (the [tiny] extra: torch)
 
 
+class Routing(Choice):
+    """``policy.routing``: what each ``/generate`` call sends as ``X-SMG-Routing-Key`` (the key the
+    router keeps on one worker, so that the worker's prefix cache holds what the next call resends).
+
+    The default is ``group``: a GRPO group's members share their prompt (system prompt, tools, the
+    task's first user turn), so on one worker it is prefilled once rather than once per member,
+    and each member's later turns extend its own prefix there; with ``n_samples_per_task=1`` it is
+    ``episode``. ``episode`` suits few, very large groups (a group is the unit of placement).
+    """
+
+    NONE = "none"  # no key: the router's policy alone picks the worker
+    EPISODE = "episode"  # the episode id: every turn of an episode on one worker
+    GROUP = "group"  # the group id: the n samples of a task (and all their turns) on one worker
+
+
+class RouterPolicy(Choice):
+    """``local.router_policy``: the ``--policy`` the local stack gives ``sglang-router`` (0.3.2's
+    policies; :mod:`rollout.devtools.local.stack`)."""
+
+    AUTO = "auto"  # the policy that honours X-SMG-Routing-Key: manual (with --assignment-mode min_group)
+    MANUAL = "manual"  # sticky: a routing key stays on the worker it was first assigned
+    CACHE_AWARE = "cache_aware"  # approximate radix tree of the prompts each worker saw, load balancing past thresholds
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    POWER_OF_TWO = "power_of_two"  # the less loaded of two random workers
+
+
+class KVSignal(Choice):
+    """``pool.adaptive_concurrency.signal``: how the workers' KV usage readings become one figure."""
+
+    MAX = "max"  # the fullest worker (holds back as soon as any worker is full)
+    MEAN = "mean"  # the mean over the workers read
+
+
 class LogLevel(Choice):
     """``logging.level`` / ``logging.tau2_level``: a level name, in any case (``info`` is ``INFO``)."""
 
@@ -129,6 +163,29 @@ class LogLevel(Choice):
     def _missing_(cls, value: object) -> LogLevel | None:
         upper = value.upper() if isinstance(value, str) else None
         return next((m for m in cls if m.value == upper), None)
+
+
+def plain_values(value: Any) -> Any:
+    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
+    if isinstance(value, Choice):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_values(v) for v in value]
+    return value
+
+
+def choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
+    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
+    for any other type."""
+    args = typing.get_args(tp)
+    nullable = type(None) in args
+    if nullable:
+        tp = next((a for a in args if a is not type(None)), None)
+    if isinstance(tp, type) and issubclass(tp, Choice):
+        return tp, nullable
+    return None, False
 
 
 def values_to_names(node: Any, schema: type) -> Any:

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rollout.core.adaptive import AdaptiveConcurrencyConfig, adaptive_concurrency_problems
 from rollout.core.choices import (
     Choice,
     Evaluator,
@@ -41,13 +42,18 @@ from rollout.core.choices import (
     OnParseError,
     OnStale,
     PartialRollout,
+    RouterPolicy,
+    Routing,
     SampleMode,
     UserKind,
+    choice_of,
+    plain_values,
     values_to_names,
 )
 from rollout.core.context import context_strategies, is_import_path
 from rollout.core.environment import ENTRY_POINT_GROUP, benchmarks, find_plugin
 from rollout.core.formats.registry import AUTO, chat_formats
+from rollout.core.local_kv import LocalKVConfig, local_kv_problems
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus
 
 TASK_SPLITS = ("train", "test", "base")  # tau2's usual splits (examples in messages; each domain has its own)
@@ -109,6 +115,13 @@ class PolicyConfig:
     # the router and the workers (SGLang's --api-key / --admin-api-key); null: none. The local
     # stack then requires it. Keys are read from the environment only, never written anywhere.
     api_key_env: Optional[str] = None
+    # What each /generate call sends as X-SMG-Routing-Key, the key the router keeps on one worker so
+    # that its prefix cache holds what the next call resends: group = the group id (the
+    # n_samples_per_task samples of a task, and every turn of each, on one worker: the shared
+    # prompt is prefilled once, each later turn finds its own prefix); episode = the episode id;
+    # none = no key (the router's policy alone decides). The router must run a policy that honours
+    # the key (sglang-router 0.3.2: --policy manual; docs/local-stack.md "Routing").
+    routing: Routing = Routing.GROUP
     on_parse_error: OnParseError = OnParseError.FEEDBACK  # feedback: tell the model and go on; abort: end the episode
     # A turn cut at policy.sampling.max_new_tokens (finish_reason "length"): truncate = end the
     # episode `truncated` (termination_reason turn_length; the cut text never reaches the user or
@@ -193,6 +206,7 @@ class PoolConfig:
     # Sets RAY_USE_UVLOOP in each actor's runtime_env (rollout.core.eventloop); the pool checks the
     # loop each actor got.
     event_loop: EventLoop = EventLoop.UVLOOP
+    adaptive_concurrency: AdaptiveConcurrencyConfig = field(default_factory=AdaptiveConcurrencyConfig)
 
 
 @dataclass
@@ -261,7 +275,12 @@ class LocalConfig:
     # number of requests wait at once. 0.0: no added latency.
     generate_latency_s: float = 0.0
     event_loop: EventLoop = EventLoop.UVLOOP  # the servers' event loop (as pool.event_loop; rollout.core.eventloop)
+    # The router's --policy: auto = the one that honours policy.routing's X-SMG-Routing-Key
+    # (sglang-router 0.3.2: manual, keys assigned to the worker with the fewest keys), or one of
+    # the router's own: manual | cache_aware | round_robin | random | power_of_two (docs/local-stack.md "Routing")
+    router_policy: RouterPolicy = RouterPolicy.AUTO
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    kv: LocalKVConfig = field(default_factory=LocalKVConfig)
 
 
 @dataclass
@@ -288,22 +307,11 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as nested dicts of plain values (a choice as its value string), in schema
         order: what :func:`config_from_dict` rebuilds and the journal fingerprints."""
-        return _plain(dataclasses.asdict(self))
+        return plain_values(dataclasses.asdict(self))
 
     def to_yaml(self) -> str:
         """The config as YAML (plain values, schema order), e.g. ``config.yaml`` of a run."""
         return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with every :class:`Choice` replaced by its value string (dicts and lists walked)."""
-    if isinstance(value, Choice):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -311,18 +319,6 @@ def _plain(value: Any) -> Any:
 def _field_types(cls: type) -> dict[str, Any]:
     """``{field name: resolved type}`` of a schema dataclass."""
     return typing.get_type_hints(cls)
-
-
-def _choice_of(tp: Any) -> tuple[type[Choice] | None, bool]:
-    """``(the Choice enum, nullable)`` of a field type (``X`` or ``Optional[X]``); ``(None, False)``
-    for any other type."""
-    args = typing.get_args(tp)
-    nullable = type(None) in args
-    if nullable:
-        tp = next((a for a in args if a is not type(None)), None)
-    if isinstance(tp, type) and issubclass(tp, Choice):
-        return tp, nullable
-    return None, False
 
 
 def _choice_error(key: str, choice: type[Choice], nullable: bool, value: Any) -> ConfigError:
@@ -345,7 +341,7 @@ def _check_choices(section: Any, prefix: str = "") -> None:
         if dataclasses.is_dataclass(value):
             _check_choices(value, key + ".")
             continue
-        choice, nullable = _choice_of(_field_types(type(section))[f.name])
+        choice, nullable = choice_of(_field_types(type(section))[f.name])
         if choice is None or (value is None and nullable) or isinstance(value, choice):
             continue
         try:
@@ -404,6 +400,8 @@ def validate(cfg: Config) -> Config:
     _check(cfg.pool.episode_timeout_s > 0, "pool.episode_timeout_s", "must be > 0")
     _check(cfg.pool.no_actor_timeout_s > 0, "pool.no_actor_timeout_s", "must be > 0")
     _check(0 < cfg.pool.gil_switch_interval_ms <= 1000, "pool.gil_switch_interval_ms", "must be in (0, 1000]")
+    for key, msg in adaptive_concurrency_problems(cfg.pool.adaptive_concurrency):
+        _check(False, key, msg)
     p = cfg.policy
     _check(p.router_url is not None or cfg.local.enabled, "policy.router_url", "is required when local.enabled=false")
     if p.router_url is not None:
@@ -438,6 +436,8 @@ def validate(cfg: Config) -> Config:
            "use rollout.sample_mode=per_turn or merge_prefix, or policy.history=append")
     _check(cfg.local.num_servers >= 1, "local.num_servers", "must be >= 1")
     _check(cfg.local.generate_latency_s >= 0, "local.generate_latency_s", f"must be >= 0 (seconds), got {cfg.local.generate_latency_s}")
+    for key, msg in local_kv_problems(cfg.local.kv):
+        _check(False, key, msg)
     return cfg
 
 
@@ -447,7 +447,7 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     owner, name = getattr(e, "object_type", None), getattr(e, "key", None)
     if key and dataclasses.is_dataclass(owner) and isinstance(name, str) and name in _field_types(owner):
-        choice, nullable = _choice_of(_field_types(owner)[name])
+        choice, nullable = choice_of(_field_types(owner)[name])
         if choice is not None:
             return _choice_error(str(key), choice, nullable, getattr(e, "value", None))
     msg = str(e).splitlines()[0]

@@ -23,13 +23,14 @@ from typing import Any, Callable
 
 import aiohttp
 
-from rollout.core.config import EnvConfig, LoggingConfig, PolicyConfig
+from rollout.core.config import AdaptiveConcurrencyConfig, EnvConfig, LoggingConfig, PolicyConfig
 from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
 from rollout.core.episode import run_episode
 from rollout.core.eventloop import loop_kind
 from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
 from rollout.core.logs import setup_logging
-from rollout.core.policy import BackendBreaker, GenerationGate, SGLangClient, api_key_from_env
+from rollout.core.policy import BackendBreaker, GenerationGate, RouterAdmin, SGLangClient, api_key_from_env
+from rollout.core.policy.kvgate import KVGate
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.core.settings import EpisodeSettings
 from rollout.core.telemetry import NULL_RECORDER, Recorder
@@ -197,6 +198,10 @@ class RolloutWorker:
             (:class:`~rollout.core.telemetry.probes.MeteredEnvironment`), and the event loop's lag
             (a second :class:`LoopLagProbe`, 50 ms sleeps, started with the first episode). The
             pool gives each actor a ``RayRecorder`` (docs/observability.md).
+        adaptive_concurrency: ``pool.adaptive_concurrency``; when enabled, one
+            :class:`~rollout.core.policy.kvgate.KVGate` per worker (one poller of the workers'
+            ``/metrics``) holds new episodes and new turns while the workers' KV usage is high;
+            an episode that waited gets ``metadata["kv_held_s"]``. ``None`` or disabled: no gate.
 
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.core.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
@@ -210,7 +215,7 @@ class RolloutWorker:
 
     def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8,
                  partial_rollout: str = "continue", own_process: bool = False, gil_switch_interval_ms: float = 1.0,
-                 recorder: Recorder | None = None):
+                 recorder: Recorder | None = None, adaptive_concurrency: AdaptiveConcurrencyConfig | None = None):
         logging_cfg = logging_cfg or LoggingConfig()
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
@@ -241,6 +246,8 @@ class RolloutWorker:
         self._session: aiohttp.ClientSession | None = None
         self._client: SGLangClient | None = None
         self.gate = GenerationGate()
+        self.adaptive_concurrency = adaptive_concurrency
+        self.kv_gate: KVGate | None = None
         self._running: dict[str, asyncio.Task] = {}
         self._cancelled: set[str] = set()
         self.episodes_run = 0
@@ -257,7 +264,16 @@ class RolloutWorker:
         if self._session is None or self._session.closed:
             conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=conn)
-            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder)
+            if self.kv_gate is not None:
+                self.kv_gate.close()
+            self.kv_gate = None
+            ac = self.adaptive_concurrency
+            if ac is not None and ac.enabled:
+                key = api_key_from_env(self.policy_cfg.api_key_env)
+                lister = RouterAdmin(str(self.policy_cfg.router_url), self._session, timeout_s=ac.timeout_s, api_key=key)
+                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_urls, api_key=key)
+            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder,
+                                        kv_gate=self.kv_gate)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
         assert self._client is not None
         return self._client
@@ -307,10 +323,12 @@ class RolloutWorker:
         if self._metrics_probe is not None:
             self._metrics_probe.start()
         eid = spec.episode_id
+        held = 0.0  # seconds its calls waited at the KV gate
         async with self._semaphore:
             if eid in self._cancelled:
                 result = _cancelled(spec)
             else:
+                client.groups[eid] = spec.group_id  # policy.routing=group: the key its calls send
                 task = asyncio.ensure_future(self._run(spec, client, timeout_s))
                 self._running[eid] = task
                 self._started.record(1)
@@ -324,8 +342,12 @@ class RolloutWorker:
                     result = _cancelled(spec)
                 finally:
                     self._running.pop(eid, None)
+                    client.groups.pop(eid, None)
+                    held = client.kv_held_s.pop(eid, 0.0)
                     self._running_gauge.record(len(self._running))
         self._cancelled.discard(eid)
+        if held:
+            result.metadata["kv_held_s"] = round(held, 3)
         self.episodes_run += 1
         result.metadata.setdefault("worker_pid", os.getpid())
         return result
@@ -389,6 +411,7 @@ class RolloutWorker:
             "breaker": self.breaker.stats(),
             "process_tuning": self.process_tuning,
             "request_retries": self._client.retries if self._client is not None else 0,
+            "kv_gate": self.kv_gate.stats() if self.kv_gate is not None else None,
         }
 
     async def close(self) -> None:
@@ -400,6 +423,8 @@ class RolloutWorker:
         if self._running:
             await self.cancel(list(self._running))
             await asyncio.gather(*self._running.values(), return_exceptions=True)
+        if self.kv_gate is not None:
+            self.kv_gate.close()
         if self._session is not None and not self._session.closed:
             await self._session.close()
         if self.sandbox is not None:

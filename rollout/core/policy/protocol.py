@@ -100,8 +100,9 @@ class PolicyClient(Protocol):
       worker records the episode as crashed).
     * **Arguments.** ``rid`` is unique per call (``{episode_id}@{attempt}#{n}``; a client that
       retries needs a fresh id per attempt, e.g. ``<rid>.r1``) and names the request to abort;
-      ``routing_key`` is the episode id (for session affinity: SGLang's router keeps an
-      episode's calls on one worker); ``seed``, when not ``None``, is the call's sampling seed.
+      ``routing_key`` is the episode id (for session affinity: a client keeps an episode's calls
+      on one worker; :class:`~rollout.core.policy.sglang.SGLangClient` sends the key
+      ``policy.routing`` names, the episode's group id by default); ``seed``, when not ``None``, is the call's sampling seed.
     * **Concurrency.** The loop calls ``generate`` from one asyncio event loop, for many
       episodes at once; it must not block that loop (tokenizer or network work belongs in an
       awaitable or a thread).

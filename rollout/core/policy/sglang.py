@@ -4,8 +4,9 @@ Every request sends ``input_ids``; the generated ids and their log-probs are rea
 ``meta_info.output_token_logprobs`` (``[[logprob, token_id, text], ...]``), never re-tokenized
 from text (docs/design.md "SGLang native protocol"); a ``null`` log-prob on a generated token is a
 malformed answer (:class:`PolicyServerError`), never read as 0.0. Requests carry ``rid`` (used to
-abort) and the header ``X-SMG-Routing-Key: <episode id>`` so that a consistent-hashing router keeps
-an episode's turns on one worker (prefix-cache reuse).
+abort) and, by ``policy.routing``, the header ``X-SMG-Routing-Key`` (the group id, the episode id
+or none) so that a router that honours it keeps the calls that share a prefix on one worker, whose
+prefix cache then holds that prefix (docs/local-stack.md "Routing" names the router policy).
 
 :class:`SGLangClient` implements the policy seam (:class:`~rollout.core.policy.protocol.PolicyClient`);
 it holds its calls at the actor's :class:`~rollout.core.policy.resilience.GenerationGate` during a
@@ -45,9 +46,10 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from rollout.core import fastjson
-from rollout.core.config import PolicyConfig
+from rollout.core.config import PolicyConfig, Routing
 from rollout.core.policy.admin import RouterAdmin, WeightSyncError
 from rollout.core.policy.auth import api_key_from_env, auth_headers, describe_error, redact
+from rollout.core.policy.kvgate import KVGate
 from rollout.core.policy.protocol import Generation, PolicyClient, PolicyServerError, parse_generate_response
 from rollout.core.policy.resilience import BackendBreaker, GenerationGate
 from rollout.core.telemetry.probes import PolicyMetrics
@@ -84,10 +86,16 @@ class SGLangClient:
         recorder: where the calls' metrics go (:class:`~rollout.core.telemetry.probes.PolicyMetrics`:
             answered calls by finish type, their latency and tokens, failures, retries, breaker
             openings, the servers' weight version); ``None``: nowhere.
+        kv_gate: the actor's :class:`~rollout.core.policy.kvgate.KVGate` (``pool.adaptive_concurrency``):
+            every attempt first waits while it is closed; ``None``: no KV-aware holding.
 
     Attributes:
         inflight: routing key (episode id) -> the ``rid`` of the attempt now out (or last out),
             so that a cancelled episode's request can be aborted.
+        groups: episode id -> group id, for ``policy.routing=group`` (:meth:`routing_header`);
+            the worker registers each episode it runs and forgets it at the end.
+        kv_held_s: episode id -> seconds its calls waited at :attr:`kv_gate` (only episodes that
+            waited; the worker pops it into the episode's ``metadata["kv_held_s"]``).
         admin: a :class:`RouterAdmin` on the same router and session, with the same key and a
             short timeout (:data:`ABORT_TIMEOUT_S`), used for aborts.
         retries: failures that spent a retry, over all calls.
@@ -100,7 +108,7 @@ class SGLangClient:
     """
 
     def __init__(self, cfg: PolicyConfig, session: aiohttp.ClientSession, gate: GenerationGate | None = None,
-                 breaker: BackendBreaker | None = None, recorder: Recorder | None = None):
+                 breaker: BackendBreaker | None = None, recorder: Recorder | None = None, kv_gate: KVGate | None = None):
         if not cfg.router_url:
             raise ValueError("policy.router_url is not set")
         self.cfg = cfg
@@ -109,6 +117,9 @@ class SGLangClient:
         self.breaker = breaker if breaker is not None else BackendBreaker(cfg.backend_outage_timeout_s)
         self.url = cfg.router_url.rstrip("/") + "/generate"
         self.inflight: dict[str, str] = {}
+        self.groups: dict[str, str] = {}
+        self.kv_gate = kv_gate
+        self.kv_held_s: dict[str, float] = {}
         self._api_key = api_key_from_env(cfg.api_key_env)
         self._auth = auth_headers(self._api_key)
         self.admin = RouterAdmin(cfg.router_url, session, timeout_s=ABORT_TIMEOUT_S, api_key=self._api_key)
@@ -137,6 +148,18 @@ class SGLangClient:
             sp["sampling_seed"] = seed
         return {"input_ids": input_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
 
+    def routing_header(self, routing_key: str) -> str | None:
+        """The ``X-SMG-Routing-Key`` of a call of episode ``routing_key``, by ``policy.routing``:
+        ``None`` (no header) for ``none``, the episode id for ``episode``, and for ``group`` the
+        group id :attr:`groups` holds for the episode (the episode id when none is registered:
+        a client used outside :class:`~rollout.core.worker.RolloutWorker`)."""
+        mode = self.cfg.routing
+        if mode == Routing.NONE:
+            return None
+        if mode == Routing.GROUP:
+            return self.groups.get(routing_key, routing_key)
+        return routing_key
+
     @staticmethod
     def _retry_delay(n: int) -> float:
         """Jittered exponential back-off before the ``n``-th retry (seconds)."""
@@ -150,7 +173,8 @@ class SGLangClient:
                 a 1-D numpy integer array (sent as it is, without a Python int per id).
             max_new_tokens: at most this many new tokens (>= 1).
             rid: request id (for aborts), unique per call; retries send ``<rid>.r1``, ``<rid>.r2``...
-            routing_key: sent as ``X-SMG-Routing-Key`` (the episode id).
+            routing_key: the episode id; what goes in ``X-SMG-Routing-Key`` is
+                :meth:`routing_header`'s (``policy.routing``).
             seed: ``sampling_seed`` (the same for every attempt of the call).
 
         Returns:
@@ -163,7 +187,10 @@ class SGLangClient:
                 message never holds the API key.
         """
         body = self.payload(input_ids, max_new_tokens, rid, seed)
-        headers = {ROUTING_HEADER: routing_key, "Content-Type": "application/json", **self._auth}
+        headers = {"Content-Type": "application/json", **self._auth}
+        route = self.routing_header(routing_key)
+        if route is not None:
+            headers[ROUTING_HEADER] = route
         timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)
         breaker = self.breaker
         m = self.metrics
@@ -174,6 +201,10 @@ class SGLangClient:
         try:
             while True:
                 epoch = 0
+                if self.kv_gate is not None:  # pool.adaptive_concurrency: held while the workers' KV is nearly full
+                    held = await self.kv_gate.wait()
+                    if held:
+                        self.kv_held_s[routing_key] = self.kv_held_s.get(routing_key, 0.0) + held
                 if self.gate is not None:
                     await self.gate.wait_open()
                     epoch = self.gate.epoch

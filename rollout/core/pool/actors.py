@@ -148,7 +148,7 @@ class ActorSet:
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
-                own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms,
+                own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms, adaptive_concurrency=p.adaptive_concurrency,
                 # its metrics, tagged with its index (made in the actor's process, kept by a restart)
                 recorder=RayRecorder({"domain": domain, "actor": str(i)}),
             )

@@ -29,6 +29,12 @@ held (0 lost, 0 duplicated, 0 left behind, its own checks passed); 1 some guaran
 the bench proved nothing for it; 2 a usage or config error::
 
     python -m rollout.bench chaos [--config configs/local.yaml] [--tasks 24] [--faults a,b] [--json FILE] [key=value ...]
+
+``routing``: prefix-cache hit ratio against the ideal, prefill lost to retractions, load
+imbalance and episodes/s for the router's policies and our routing keys, with and without
+adaptive concurrency, on N local workers (:mod:`rollout.devtools.bench.routing`)::
+
+    python -m rollout.bench routing [--workers 4] [--concurrency 512] [--n 8] [--json FILE] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -221,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.devtools.bench import env as bench_env
     from rollout.devtools.bench import journal as bench_journal
     from rollout.devtools.bench import pool as bench_pool
+    from rollout.devtools.bench import routing as bench_routing
     from rollout.devtools.bench import startup as bench_startup
     from rollout.devtools.bench import turns as bench_turns
 
-    for module in (bench_env, bench_pool, bench_turns, bench_journal, bench_startup):
+    for module in (bench_env, bench_pool, bench_routing, bench_turns, bench_journal, bench_startup):
         module.add_parser(sub)
     from rollout.app.cli import parse_args_with_overrides
     from rollout.core.logs import setup_logging

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from rollout.devtools.local.backend_api import SamplingParams
 from rollout.devtools.local.control import GenerationControl, InFlight
+from rollout.devtools.local.kvmodel import KVModel, KVRequest
 from rollout.devtools.local.protocol import BadRequest, error_answer, json_answer, json_body, parse_sampling_params, token_ids_ok
 from rollout.devtools.local.scheduler import StepScheduler
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def generate_answer(tokenizer, state: InFlight, prompt_len: int, finish: dict, params: SamplingParams,
-                    return_logprob: bool) -> dict:
+                    return_logprob: bool, cached_tokens: int = 0) -> dict:
     """SGLang's /generate answer for ``state``: ``{"text", "output_ids", "meta_info"}``.
 
     Args:
@@ -36,6 +37,7 @@ def generate_answer(tokenizer, state: InFlight, prompt_len: int, finish: dict, p
             string in ``finish["matched"]`` is cut from ``text`` unless ``params.no_stop_trim``.
         params: the request's sampling parameters.
         return_logprob: add ``meta_info["output_token_logprobs"]`` (``[[log_prob, id, None]]``).
+        cached_tokens: prompt tokens found in the prefix cache (``meta_info["cached_tokens"]``).
     """
     ids, lps, version = state.snapshot()
     text = tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
@@ -49,7 +51,7 @@ def generate_answer(tokenizer, state: InFlight, prompt_len: int, finish: dict, p
         "finish_reason": finish,
         "prompt_tokens": prompt_len,
         "completion_tokens": len(ids),
-        "cached_tokens": 0,
+        "cached_tokens": cached_tokens,
         "weight_version": version,
     }
     if return_logprob:
@@ -71,18 +73,22 @@ class GenerateEndpoint:
         vocab_size: ``input_ids`` must lie in ``[0, vocab_size)``.
         generate_latency_s: seconds every admitted request waits on the event loop before its
             first step (0.0: none).
+        kv: the server's prefix cache / KV budget / cost model (:mod:`rollout.devtools.local.kvmodel`),
+            around every backend's generation; None: a model with every part off (counts only).
     """
 
     def __init__(self, scheduler: StepScheduler, control: GenerationControl, *, vocab_size: int,
-                 generate_latency_s: float) -> None:
+                 generate_latency_s: float, kv: KVModel | None = None) -> None:
         self.scheduler = scheduler
         self.control = control
         self.vocab_size = vocab_size
         self.generate_latency_s = generate_latency_s
+        self.kv = kv if kv is not None else KVModel()
 
     def _answer(self, state: InFlight, prompt_len: int, finish: dict, params: SamplingParams,
-                return_logprob: bool) -> web.Response:
-        return json_answer(generate_answer(self.scheduler.tokenizer, state, prompt_len, finish, params, return_logprob))
+                return_logprob: bool, kv_req: KVRequest | None = None) -> web.Response:
+        cached = kv_req.cached if kv_req is not None else 0
+        return json_answer(generate_answer(self.scheduler.tokenizer, state, prompt_len, finish, params, return_logprob, cached))
 
     async def generate(self, request: web.Request) -> web.Response:
         """Answer one /generate request (400 for a malformed body, 500 for a backend failure)."""
@@ -129,15 +135,31 @@ class GenerateEndpoint:
                 finish = {"type": "abort", "message": state.abort_message or "server shutting down"}
                 return self._answer(state, len(input_ids), finish, params, return_logprob)
             state.weight_version = scheduler.weight_version  # the version when admitted
+            kv_req = self.kv.start(input_ids)
+            output: list[int] | None = None
             try:
-                return await self._generate_admitted(state, input_ids, params, return_logprob)
+                answer, output = await self._generate_admitted(state, input_ids, params, return_logprob, kv_req)
+                return answer
             finally:
+                self.kv.release(kv_req, output)
                 control.release()
         finally:
             control.untrack(state)
 
     async def _generate_admitted(self, state: InFlight, input_ids: list[int], params: SamplingParams,
-                                 return_logprob: bool) -> web.Response:
+                                 return_logprob: bool, kv_req: KVRequest) -> tuple[web.Response, list[int] | None]:
+        """The answer, and the output ids when the request finished (None: aborted or failed).
+
+        With the KV model on, the request first queues for the KV budget and pays its prefill
+        (:meth:`KVModel.prefill`), the backend then generates, and the modelled decode takes its
+        time for the generated tokens (:meth:`KVModel.decode`; an abort there answers with the
+        tokens decoded so far)."""
+        n_in = len(input_ids)
+
+        def aborted(kv: KVRequest | None = kv_req) -> tuple[web.Response, None]:
+            finish = {"type": "abort", "message": state.abort_message or "aborted"}
+            return self._answer(state, n_in, finish, params, return_logprob, kv), None
+
         if self.generate_latency_s > 0:
             # The injected latency: a sleep on the event loop (no thread, no step lock), cut
             # short by an abort.
@@ -149,8 +171,15 @@ class GenerateEndpoint:
                 self.control.abort([state], "client disconnected")
                 raise
             if state.aborted:
-                finish = {"type": "abort", "message": state.abort_message or "aborted"}
-                return self._answer(state, len(input_ids), finish, params, return_logprob)
+                return aborted()
+        kv = self.kv if self.kv.active else None
+        if kv is not None:
+            try:
+                if not await kv.prefill(kv_req, state.abort_future):
+                    return aborted()
+            except asyncio.CancelledError:
+                self.control.abort([state], "client disconnected")
+                raise
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.scheduler.executor, self.scheduler.run, state, input_ids, params)
         # An aborted request returns before its worker ends; retrieve the worker's exception
@@ -167,8 +196,18 @@ class GenerateEndpoint:
             except Exception as e:  # backend failure: an infrastructure error, not a 400
                 backend = self.scheduler.backend.name
                 logger.exception("backend %s failed on request %s", backend, state.rid)
-                return error_answer(500, f"backend {backend} failed: {type(e).__name__}: {e}")
+                return error_answer(500, f"backend {backend} failed: {type(e).__name__}: {e}"), None
             if finish is not None:
-                return self._answer(state, len(input_ids), finish, params, return_logprob)
-        finish = {"type": "abort", "message": state.abort_message or "aborted"}
-        return self._answer(state, len(input_ids), finish, params, return_logprob)
+                if kv is not None:
+                    try:
+                        done = await kv.decode(kv_req, len(state.ids), state.abort_future)
+                    except asyncio.CancelledError:
+                        self.control.abort([state], "client disconnected")
+                        raise
+                    if not done:  # aborted in the modelled decode: what it had decoded
+                        with state.lock:
+                            del state.ids[kv_req.decoded:]
+                            del state.logprobs[kv_req.decoded:]
+                        return aborted()
+                return self._answer(state, n_in, finish, params, return_logprob, kv_req), state.snapshot()[0]
+        return aborted()

@@ -131,6 +131,9 @@ def _final_text(infos: list[str]) -> str:
     return "\n".join(lines)
 
 
+THINK_FILLER = " Let me check the order details and the policy once more."  # gold replay's reasoning filler
+
+
 class GoldReplayBackend:
     """Oracle :class:`~rollout.devtools.local.backend_api.GenerationBackend` for tau2 tasks.
 
@@ -149,7 +152,7 @@ class GoldReplayBackend:
             recognises no family.
     """
 
-    def __init__(self, domain: str, tokenizer, skip_write: bool = False, chat_format: str = AUTO) -> None:
+    def __init__(self, domain: str, tokenizer, skip_write: bool = False, chat_format: str = AUTO, think_tokens: int = 0) -> None:
         self.domain = domain
         self.tokenizer = tokenizer
         self.skip_write = skip_write
@@ -158,6 +161,16 @@ class GoldReplayBackend:
         self.tokens_per_step = GOLD_TOKENS_PER_STEP
         self.chat_format = resolve_chat_format(chat_format, tokenizer)
         self.dialect = get_dialect(self.chat_format)
+        if think_tokens < 0 or (think_tokens and self.chat_format != "hermes"):
+            raise ValueError(f"think_tokens must be >= 0 and needs the hermes (Qwen3) format, got {think_tokens} with {self.chat_format}")
+        # A reasoning block of about think_tokens tokens before every answer (Qwen3's <think>):
+        # what makes a real agent's running requests grow (the KV model, kvmodel.py).
+        self._think_ids: list[int] = []
+        if think_tokens:
+            unit = list(tokenizer.encode(THINK_FILLER, add_special_tokens=False))
+            body = (unit * (think_tokens // len(unit) + 1))[:think_tokens]
+            self._think_ids = (list(tokenizer.encode("<think>\n", add_special_tokens=False)) + body
+                               + list(tokenizer.encode("\n</think>\n\n", add_special_tokens=False)))
         # the format's end-of-turn ids close every answer (Qwen3: <|im_end|>)
         self.eot_ids: list[int] = list(get_chat_format(self.chat_format)(tokenizer).eot_ids)
         split = self.dialect.split_token
@@ -352,7 +365,7 @@ class GoldReplayBackend:
         except Exception:  # never raise into the server: say so instead
             logger.exception("gold replay failed on a prompt of %d tokens", len(input_ids))
             text = "The gold-replay oracle failed on this prompt."
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + self.eot_ids
+        ids = self._think_ids + list(self.tokenizer.encode(text, add_special_tokens=False)) + self.eot_ids
         for tok in ids:
             yield int(tok), 0.0
 

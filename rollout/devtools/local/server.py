@@ -21,7 +21,15 @@ real ``sglang-router`` (see :mod:`rollout.devtools.local.stack`) and serves:
   ``weight_version``, ``pause_mode`` (null when not paused), ``num_backend_steps`` (tokens
   sampled for /generate since start, a monotonically increasing counter), held / paused /
   in-flight request counts), ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
-  answered by ``backend.chat``), ``POST /flush_cache``.
+  answered by ``backend.chat``), ``POST /flush_cache`` (empties the prefix cache).
+* ``GET /metrics``: Prometheus text, SGLang's metric names where SGLang has them
+  (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
+  ``sglang:cache_hit_rate``, ...) and counters of our own (:mod:`rollout.devtools.local.kvmodel`).
+
+The KV model (``--kv-*`` flags, ``local.kv.*``; all off by default): a per-server prefix cache
+(``meta_info.cached_tokens``), a KV budget beyond which running requests are retracted and
+prefilled again, and a cost model in seconds, around every backend's generation; see
+:mod:`rollout.devtools.local.kvmodel`.
 
 Weight updates (SGLang's semantics; the correct order is pause -> update -> continue):
 
@@ -125,6 +133,7 @@ from rollout.devtools.local.chat import ChatEndpoint
 from rollout.devtools.local.control import PAUSE_MODES, GenerationControl
 from rollout.devtools.local.generate import GenerateEndpoint
 from rollout.devtools.local.info import InfoEndpoints, ServedModel
+from rollout.devtools.local.kvmodel import KVModel, KVParams
 from rollout.devtools.local.protocol import BadRequest, parse_sampling_params
 from rollout.devtools.local.scheduler import DEFAULT_WEIGHT_VERSION, StepScheduler
 from rollout.devtools.local.scheduler import FairLock as _FairLock  # noqa: F401  (re-export: the old name, used by tests)
@@ -139,7 +148,8 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("gold_replay", "gold_replay_skip_write", "tiny")
 
 
-def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None, chat_format: str = "auto") -> GenerationBackend:
+def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None, chat_format: str = "auto",
+                 think_tokens: int = 0) -> GenerationBackend:
     """Build a generation backend by name.
 
     Args:
@@ -150,6 +160,8 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
         chat_format: the chat format the gold-replay backends read and write, and ``tiny``
             renders its user-simulator chats with when the tokenizer has no chat template
             (``auto``: detected from the tokenizer).
+        think_tokens: gold replay: a reasoning block of this many tokens before every answer
+            (hermes / Qwen3 only; 0: none).
 
     Raises:
         ValueError: unknown backend name (or a backend's own construction error).
@@ -158,7 +170,8 @@ def make_backend(name: str, domain: str, tokenizer, tiny_cfg: dict | None = None
     if name in ("gold_replay", "gold_replay_skip_write"):
         from rollout.devtools.local.gold import GoldReplayBackend
 
-        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"), chat_format=chat_format)
+        return GoldReplayBackend(domain, tokenizer, skip_write=(name == "gold_replay_skip_write"), chat_format=chat_format,
+                                 think_tokens=think_tokens)
     if name == "tiny":
         from rollout.devtools.local.tiny import TinyLMBackend  # needs torch; imported only here
 
@@ -197,6 +210,8 @@ class LocalSGLangServer:
         admin_api_key: required on :data:`ADMIN_PATHS` (SGLang's ``--admin-api-key``).
         generate_latency_s: seconds every admitted /generate request waits on the event loop
             before its first step (see the module docstring); 0.0: none.
+        kv: the prefix cache / KV budget / cost model's parameters
+            (:class:`~rollout.devtools.local.kvmodel.KVParams`; None: all off).
 
     Raises:
         ValueError: ``generate_latency_s`` is negative.
@@ -215,6 +230,7 @@ class LocalSGLangServer:
         api_key: str | None = None,
         admin_api_key: str | None = None,
         generate_latency_s: float = 0.0,
+        kv: KVParams | None = None,
     ) -> None:
         if generate_latency_s < 0:
             raise ValueError(f"generate_latency_s must be >= 0 seconds, got {generate_latency_s}")
@@ -238,11 +254,22 @@ class LocalSGLangServer:
         self.control = GenerationControl()
         self.scheduler = StepScheduler(backend, tokenizer, self.control, max_workers=max_workers,
                                        weight_version=weight_version)
+        self.kv = KVModel(kv)
         self.generation = GenerateEndpoint(self.scheduler, self.control, vocab_size=self.model.vocab_size,
-                                           generate_latency_s=float(generate_latency_s))
+                                           generate_latency_s=float(generate_latency_s), kv=self.kv)
         self.admin = AdminEndpoints(self.scheduler, self.control)
         self.info = InfoEndpoints(self.model, self.scheduler, self.control)
         self.chat = ChatEndpoint(self.scheduler, self.control, self.model.served_model_name)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics``: the KV model's gauges and counters in Prometheus' text format."""
+        return web.Response(text=self.kv.prometheus(self.model.served_model_name),
+                            content_type="text/plain", charset="utf-8")
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """``/flush_cache``: empty the prefix cache; 200 ``Cache flushed.``."""
+        self.kv.flush()
+        return web.Response(status=200, text="Cache flushed.")
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self.control.close()
@@ -270,8 +297,9 @@ class LocalSGLangServer:
             web.get("/server_info", info.server_info),
             web.get("/v1/models", info.models),
             web.post("/v1/chat/completions", self.chat.chat_completions),
-            web.post("/flush_cache", admin.flush_cache),
-            web.get("/flush_cache", admin.flush_cache),
+            web.post("/flush_cache", self.flush_cache),
+            web.get("/flush_cache", self.flush_cache),
+            web.get("/metrics", self.metrics),
         ])
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -311,6 +339,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="require the admin key held by this environment variable on admin endpoints (SGLang's --admin-api-key)")
     p.add_argument("--generate-latency-s", type=float, default=0.0, metavar="S",
                    help="seconds every /generate waits (asyncio sleep, no thread or step lock held) before generating")
+    kv = p.add_argument_group("KV model", "prefix cache, KV budget and cost model (rollout.devtools.local.kvmodel); 0: off")
+    kv.add_argument("--kv-cache-tokens", type=int, default=0, help="prefix-cache capacity in tokens")
+    kv.add_argument("--kv-budget-tokens", type=int, default=0, help="KV tokens running requests may hold before retraction")
+    kv.add_argument("--kv-prefill-s-per-token", type=float, default=0.0, help="seconds per uncached prompt token")
+    kv.add_argument("--kv-decode-s-per-token", type=float, default=0.0, help="seconds per generated token")
+    kv.add_argument("--gold-think-tokens", type=int, default=0,
+                    help="gold replay: a <think> block of this many tokens before every answer (what makes running requests grow)")
+    kv.add_argument("--kv-s-per-running-request", type=float, default=0.0,
+                    help="seconds added to each generated token per running request")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
                    help="uvloop (C, the default) or asyncio (the standard library's selector loop); see rollout.core.eventloop")
     p.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the parent) is gone")
@@ -339,6 +376,12 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     if args.generate_latency_s < 0:
         raise SystemExit(f"rollout.devtools.local.server: --generate-latency-s must be >= 0, got {args.generate_latency_s}")
+    try:
+        kv_params = KVParams(cache_tokens=args.kv_cache_tokens, kv_budget_tokens=args.kv_budget_tokens,
+                             prefill_s_per_token=args.kv_prefill_s_per_token, decode_s_per_token=args.kv_decode_s_per_token,
+                             s_per_running_request=args.kv_s_per_running_request)
+    except ValueError as e:
+        raise SystemExit(f"rollout.devtools.local.server: --kv-*: {e}") from None
     why = check_event_loop(args.event_loop, "--event-loop")
     if why:
         raise SystemExit(f"rollout.devtools.local.server: {why}")
@@ -364,11 +407,12 @@ def main(argv: list[str] | None = None) -> None:
 
     tiny_cfg = json.loads(args.tiny_config) if args.tiny_config else None
     tokenizer = load_tokenizer(args.tokenizer)
-    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg, chat_format=args.chat_format)
+    backend = make_backend(args.backend, args.domain, tokenizer, tiny_cfg, chat_format=args.chat_format,
+                           think_tokens=args.gold_think_tokens)
     server = LocalSGLangServer(
         backend, tokenizer, tokenizer_path=resolve_tokenizer_path(args.tokenizer), max_workers=args.max_workers,
         weight_version=args.weight_version, api_key=api_key, admin_api_key=admin_api_key,
-        generate_latency_s=args.generate_latency_s,
+        generate_latency_s=args.generate_latency_s, kv=kv_params,
     )
     app = server.make_app()
     if api_key or admin_api_key:

@@ -24,6 +24,34 @@ Router facts this relies on (sglang-router 0.3.2):
   answer 404; ``GET /get_server_info`` is the router's own summary (``{"router_manager",
   "routers_count", "workers_count"}``); ``GET /v1/models`` lists the workers' models.
 
+Routing (``local.router_policy``; sglang-router 0.3.2, found in its ``--help`` and by experiment
+with four workers that report who served each call and the header they got,
+``tests/support/tagged_worker.py``, ``tests/component/test_routing_affinity.py``):
+
+* 0.3.2's policies are ``random``, ``round_robin``, ``cache_aware``, ``power_of_two`` and
+  ``manual`` (no ``consistent_hashing``: that came in later versions of the gateway). Only
+  ``manual`` reads ``X-SMG-Routing-Key``: a new key is assigned to a worker and stays there
+  (sticky assignment kept in the router, not a hash of the key), with ``--assignment-mode``
+  ``random`` (the default), ``min_load`` (fewest requests in flight) or ``min_group`` (fewest
+  keys in flight). A key whose worker turns unhealthy is given a new one; the other keys stay
+  where they are. Keys are forgotten after ``--max-idle-secs`` (default 14400) without a call.
+  A call without the header goes to a worker of the policy's choosing. ``auto`` is
+  ``--policy manual --assignment-mode min_group`` (:func:`router_policy_args`).
+* Spread, 64 keys over 4 workers, 3 calls per key, every call answered by the worker the key was
+  first given (``python -m support.routing_spread`` from ``tests/``): keys started all at once
+  (each call taking 0.2 s): ``min_group`` 16/16/16/16 (two runs), ``min_load`` 16/16/16/16,
+  ``random`` 12/17/16/19 and 20/10/25/9; keys started one after another (nothing in flight, so
+  every worker ties and the pick is random): ``min_group`` 13/14/14/23 and 16/15/13/20.
+* ``cache_aware`` ignores the header and sent all 64 keys (prompts sharing a 199-token prefix,
+  as every episode shares the system prompt) to one worker; ``round_robin``, ``random`` and
+  ``power_of_two`` ignore it too (63 keys, 3 calls each one after another: a key's calls landed on
+  different workers). After SIGKILL of one worker, ``manual`` kept answering (2 of 64
+  calls failed while the router still listed the dead worker as healthy; the client retries
+  those), and only the dead worker's keys moved.
+* With ``policy.router_url`` set (a router you run), run it with ``--policy manual`` (0.3.2;
+  ``--assignment-mode min_group`` spreads keys started together evenly) or, in a gateway that
+  has it, ``--policy consistent_hashing``; under any other policy ``policy.routing`` has no effect.
+
 API keys (found by experiment with sglang-router 0.3.2, a header-logging worker behind it):
 
 * Without ``--api-key`` the router checks no client and forwards the client's ``Authorization``
@@ -78,6 +106,7 @@ from pathlib import Path
 from typing import IO
 
 import rollout
+from rollout.core.choices import RouterPolicy
 from rollout.core.config import LocalConfig
 from rollout.core.tokenizer import resolve_tokenizer_path
 
@@ -168,6 +197,15 @@ def _router_main(argv: list[str]) -> int:
         time.sleep(_POLL_S)
 
 
+def router_policy_args(policy: str) -> list[str]:
+    """The ``sglang_router.launch_router`` arguments for ``local.router_policy``: ``auto`` is
+    ``--policy manual --assignment-mode min_group`` (the 0.3.2 policy that honours
+    ``X-SMG-Routing-Key``; see the module docstring), any other value ``--policy <value>``."""
+    if policy == RouterPolicy.AUTO:
+        return ["--policy", "manual", "--assignment-mode", "min_group"]
+    return ["--policy", str(RouterPolicy(policy).value)]
+
+
 def _redact(cmd: list[str], secrets_: list[str]) -> str:
     """The command line for logs: secret values and the word after ``--api-key`` become ``***``."""
     out: list[str] = []
@@ -217,6 +255,15 @@ def _descendants(pids: list[int]) -> list[int]:
     return out
 
 
+def _kv_args(local: LocalConfig) -> list[str]:
+    """The servers' ``--kv-*`` (and ``--gold-think-tokens``) flags for ``local.kv`` (only the keys that are not 0)."""
+    from rollout.devtools.local.kvmodel import KVParams
+
+    params = dataclasses.asdict(local.kv)
+    think = params.pop("think_tokens", 0)
+    return KVParams(**params).cli_args() + (["--gold-think-tokens", str(think)] if think else [])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now (the OS picks it; a race is possible)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -252,9 +299,10 @@ class LocalStack:
 
     Args:
         local: the ``local`` config section (backend, ``num_servers``, host, ``router_port``,
+            ``router_policy`` (the router's ``--policy``: :func:`router_policy_args`),
             ``startup_timeout_s`` in seconds, ``weight_version`` given to every server as
             ``--weight-version``, ``generate_latency_s`` as ``--generate-latency-s``, ``event_loop``
-            as ``--event-loop``, ``tiny``
+            as ``--event-loop``, ``kv`` as the ``--kv-*`` flags, ``tiny``
             model config).
         domain: the domain the gold-replay servers index: a tau2 domain (a registry name: ``retail``, ``airline``,
             ``telecom``, ...), or ``"<benchmark>:<domain>"`` for another benchmark (``tau_bench:retail``;
@@ -444,6 +492,7 @@ class LocalStack:
                 "--tokenizer", self.tokenizer, "--chat-format", self.chat_format, "--tiny-config", tiny_json,
                 "--weight-version", str(local.weight_version),
                 "--generate-latency-s", repr(float(local.generate_latency_s)),
+                *_kv_args(local),
                 "--event-loop", local.event_loop,
                 *key_args, *self._fate_args(),
             ]
@@ -471,7 +520,7 @@ class LocalStack:
         self._router_cmd = [
             "--host", host, "--port", str(router_port),
             "--worker-urls", *self._worker_urls,
-            "--policy", "cache_aware",
+            *router_policy_args(local.router_policy),
             "--tokenizer-path", resolve_tokenizer_path(self.tokenizer),
             "--prometheus-host", host, "--prometheus-port", str(free_port(host)),
             "--log-level", "warn",

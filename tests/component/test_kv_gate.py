@@ -1,0 +1,152 @@
+"""KV-aware concurrency (``pool.adaptive_concurrency``, :mod:`rollout.core.policy.kvgate`) against
+real aiohttp workers on 127.0.0.1 whose ``/metrics`` serve a ``sglang:token_usage`` the test sets
+(:mod:`support.tagged_worker`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+from support.tagged_worker import make_app
+
+from rollout.core.config import AdaptiveConcurrencyConfig, PolicyConfig
+from rollout.core.policy import SGLangClient
+from rollout.core.policy.kvgate import KVGate
+from rollout.devtools.local.stack import free_port
+
+
+async def _worker(name: str, delay_s: float = 0.0) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(make_app(name, "/nonexistent", delay_s))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _set(session: aiohttp.ClientSession, url: str, **body) -> None:
+    async with session.post(url + "/token_usage", json=body) as r:
+        assert r.status == 200
+
+
+def _cfg(urls: list[str], **kw) -> AdaptiveConcurrencyConfig:
+    return AdaptiveConcurrencyConfig(enabled=True, high_water=0.9, low_water=0.75, poll_interval_s=0.05, timeout_s=1.0,
+                                     worker_urls=urls, **kw)
+
+
+async def _until(cond, timeout_s: float = 5.0) -> None:
+    t0 = asyncio.get_running_loop().time()
+    while not cond():
+        assert asyncio.get_running_loop().time() - t0 < timeout_s, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def test_the_gate_holds_above_the_high_water_mark_and_releases_below_the_low_water_mark():
+    async def main():
+        (r1, u1), (r2, u2) = await _worker("w0"), await _worker("w1")
+        async with aiohttp.ClientSession() as s:
+            gate = KVGate(_cfg([u1, u2]), s)
+            try:
+                await _set(s, u1, value=0.5)
+                await _set(s, u2, value=0.6)
+                assert await gate.wait() == 0.0 and not gate.closed  # starts the poller; open
+                await _until(lambda: gate.polls >= 1)
+                assert gate.usage == pytest.approx(0.6)  # signal=max: the fullest worker
+                await _set(s, u2, value=0.95)  # one worker past the high-water mark
+                await _until(lambda: gate.closed)
+                waiter = asyncio.ensure_future(gate.wait())
+                await asyncio.sleep(0.3)
+                assert not waiter.done()  # held
+                await _set(s, u2, value=0.8)  # between the marks: still held (hysteresis)
+                polls = gate.polls
+                await _until(lambda: gate.polls >= polls + 3)
+                assert gate.closed and not waiter.done() and gate.usage == pytest.approx(0.8)
+                await _set(s, u2, value=0.7)  # below the low-water mark: released
+                held = await asyncio.wait_for(waiter, 5.0)
+                assert held >= 0.3 and not gate.closed and gate.holds == 1
+                assert gate.held_s == pytest.approx(held)
+                # between the marks from below: stays open
+                await _set(s, u2, value=0.85)
+                polls = gate.polls
+                await _until(lambda: gate.polls >= polls + 3)
+                assert not gate.closed and await gate.wait() == 0.0
+            finally:
+                gate.close()
+                await r1.cleanup()
+                await r2.cleanup()
+
+    asyncio.run(main())
+
+
+def test_signal_mean_averages_the_workers():
+    async def main():
+        (r1, u1), (r2, u2) = await _worker("w0"), await _worker("w1")
+        async with aiohttp.ClientSession() as s:
+            gate = KVGate(_cfg([u1, u2], signal="mean"), s)
+            try:
+                await _set(s, u1, value=0.95)
+                await _set(s, u2, value=0.5)
+                assert await gate.poll_once() == pytest.approx(0.725) and not gate.closed
+                await _set(s, u2, value=0.9)
+                assert await gate.poll_once() == pytest.approx(0.925) and gate.closed
+            finally:
+                gate.close()
+                await r1.cleanup()
+                await r2.cleanup()
+
+    asyncio.run(main())
+
+
+def test_unreadable_metrics_never_hold_and_are_logged_once(caplog):
+    async def main():
+        (r1, u1), (r2, u2) = await _worker("w0"), await _worker("w1")
+        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        async with aiohttp.ClientSession() as s:
+            gate = KVGate(_cfg([u1, u2, dead]), s)
+            try:
+                await _set(s, u1, value=0.95)
+                await _set(s, u2, value=0.5)
+                await gate.poll_once()
+                assert gate.closed and gate.readings[dead] is None  # the readable worker decides
+                await _set(s, u1, fail=True)  # its /metrics now answers 500
+                await _set(s, u2, fail=True)
+                for _ in range(4):
+                    assert await gate.poll_once() is None
+                assert not gate.closed and await gate.wait() == 0.0  # unknown: nothing is held
+            finally:
+                gate.close()
+                await r1.cleanup()
+                await r2.cleanup()
+
+    with caplog.at_level(logging.WARNING, logger="rollout.core.policy.kvgate"):
+        asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3, warnings  # once per worker, not once per poll
+    assert all("counts as unknown and nothing is held" in w for w in warnings)
+
+
+def test_a_generate_call_waits_at_the_gate_and_its_episode_counts_the_held_time():
+    async def main():
+        (r1, u1) = await _worker("w0")
+        async with aiohttp.ClientSession() as s:
+            gate = KVGate(_cfg([u1]), s)
+            client = SGLangClient(PolicyConfig(router_url=u1), s, kv_gate=gate)
+            try:
+                await _set(s, u1, value=0.97)
+                await gate.poll_once()
+                call = asyncio.ensure_future(client.generate([1, 2, 3], 4, rid="ep@0#0", routing_key="ep"))
+                await asyncio.sleep(0.4)
+                assert not call.done()  # held before it was sent
+                async with s.get(u1 + "/served") as r:
+                    assert (await r.json())["calls"] == 0
+                await _set(s, u1, value=0.1)
+                gen = await asyncio.wait_for(call, 5.0)
+                assert gen.ids == [7] and gen.meta["worker"] == "w0"
+                assert client.kv_held_s["ep"] >= 0.4
+            finally:
+                gate.close()
+                await r1.cleanup()
+
+    asyncio.run(main())
