@@ -26,6 +26,10 @@ class AdaptiveConcurrencyConfig:
     # max = the fullest worker's usage (holds everything as soon as one worker is full); mean = the
     # mean over the workers read
     signal: KVSignal = KVSignal.MAX
+    # Open, the cap on an actor's calls in flight (kvgate.py): it starts at this many calls per
+    # worker at the first reading, grows by one per worker per poll below low_water, never below one
+    start_calls_per_worker: int = 4
+    decrease_factor: float = 0.5  # the cap's cut when the gate closes or the workers report new retractions; in (0, 1)
     # The workers whose /metrics are read: null = the workers the router lists (GET /workers at
     # policy.router_url, re-read every 30 polls), or a list of http://host:port
     worker_urls: Optional[list[str]] = None
@@ -43,6 +47,10 @@ def adaptive_concurrency_problems(ac: AdaptiveConcurrencyConfig, prefix: str = "
         out.append((f"{prefix}.poll_interval_s", f"must be > 0 (seconds), got {ac.poll_interval_s}"))
     if not ac.timeout_s > 0:
         out.append((f"{prefix}.timeout_s", f"must be > 0 (seconds), got {ac.timeout_s}"))
+    if not (isinstance(ac.start_calls_per_worker, int) and ac.start_calls_per_worker >= 1):
+        out.append((f"{prefix}.start_calls_per_worker", f"must be an integer >= 1, got {ac.start_calls_per_worker!r}"))
+    if not 0 < ac.decrease_factor < 1:
+        out.append((f"{prefix}.decrease_factor", f"must be in (0, 1), got {ac.decrease_factor}"))
     if ac.worker_urls is not None:
         if not ac.worker_urls:
             out.append((f"{prefix}.worker_urls", "must be null (the router's workers) or name at least one worker"))

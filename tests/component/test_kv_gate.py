@@ -5,6 +5,7 @@ real aiohttp workers on 127.0.0.1 whose ``/metrics`` serve a ``sglang:token_usag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import aiohttp
@@ -148,5 +149,62 @@ def test_a_generate_call_waits_at_the_gate_and_its_episode_counts_the_held_time(
             finally:
                 gate.close()
                 await r1.cleanup()
+
+    asyncio.run(main())
+
+
+def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cuts_it_on_retractions():
+    """The cap that keeps a reopening gate from releasing every held call at once: FIFO slots up to
+    ``limit`` (start_calls_per_worker x workers), +1 per worker per poll while it binds below the
+    low-water mark, cut by decrease_factor when the workers' retraction counter grows."""
+    async def main():
+        (r1, u1), (r2, u2) = await _worker("w0"), await _worker("w1")
+        async with aiohttp.ClientSession() as s:
+            cfg = dataclasses.replace(_cfg([u1, u2], start_calls_per_worker=2, decrease_factor=0.5), poll_interval_s=3600)
+            gate = KVGate(cfg, s)
+            try:
+                for u in (u1, u2):
+                    await _set(s, u, value=0.5, retractions=3)
+                gate.start()  # the poller's first reading; then it sleeps for an hour and the test polls by hand
+                await _until(lambda: gate.polls >= 1)
+                assert gate.limit == 4 and gate.retractions == 6  # 2 per worker; the counter summed
+                slots = [await gate.acquire() for _ in range(4)]
+                assert slots == [0.0] * 4 and gate.in_flight == 4
+                late = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
+                await asyncio.sleep(0.1)
+                assert not any(f.done() for f in late)  # the cap binds: held, not sent
+                gate.release()
+                await asyncio.sleep(0.05)
+                assert late[0].done() and not late[1].done() and gate.in_flight == 4  # FIFO, one for one
+                # below the low-water mark with the cap binding: +1 per worker per poll
+                await gate.poll_once()
+                await asyncio.sleep(0.05)
+                assert gate.limit == 6 and all(f.done() for f in late) and gate.in_flight == 6
+                # a retraction on a worker: the cap is cut by half (of the calls out), not below 1 per worker
+                await _set(s, u1, value=0.5, retractions=4)
+                await gate.poll_once()
+                assert gate.limit == 3 and gate.cuts == 1
+                extra = asyncio.ensure_future(gate.acquire())
+                await asyncio.sleep(0.05)
+                assert not extra.done()
+                for _ in range(4):  # calls end: 6 -> 2 in flight, the waiter gets a slot
+                    gate.release()
+                await asyncio.sleep(0.05)
+                assert extra.done() and gate.in_flight == 3
+                # a cancelled waiter keeps no slot
+                ghost = asyncio.ensure_future(gate.acquire())
+                await asyncio.sleep(0.05)
+                ghost.cancel()
+                await asyncio.sleep(0.05)
+                gate.release()
+                assert gate.in_flight == 2
+                # unknown readings lift the cap (nothing is held on a guess)
+                await _set(s, u1, fail=True)
+                await _set(s, u2, fail=True)
+                assert await gate.poll_once() is None and gate.limit is None
+            finally:
+                gate.close()
+                await r1.cleanup()
+                await r2.cleanup()
 
     asyncio.run(main())

@@ -1,7 +1,10 @@
 """A fault-injecting HTTP proxy in front of a router, for Ray tests (whose driver is synchronous).
 
 It runs its own event loop in a thread, binds 127.0.0.1 on a free port and forwards ``/generate``
-to the upstream router, unless ``rule(routing_key, body)`` says otherwise:
+to the upstream router, unless ``rule(key, body)`` says otherwise. ``key`` is the episode id of
+the call: read from its ``rid`` where that is one of the episode loop's
+(:func:`rollout.core.episode.request_id`), else the ``X-SMG-Routing-Key`` header (a trainer's own
+client, e.g. verl's); under ``policy.routing=group`` the header names the group, not the episode.
 
 * ``None``: forward;
 * ``("status", code)``: answer ``code`` (e.g. 500: the policy server failed);
@@ -20,9 +23,21 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
+from rollout.core.episode import parse_request_id
 from rollout.devtools.chaos import ThreadedApp
 
 Rule = Callable[[str, dict], "tuple[str, object] | None"]
+
+
+def _episode_of(rid) -> str | None:
+    """The episode id in a ``rid`` of the episode loop's (``{episode_id}@{attempt}#{request}``,
+    perhaps ``.r{n}``), else ``None``."""
+    if not isinstance(rid, str):
+        return None
+    try:
+        return parse_request_id(rid)[0]
+    except ValueError:
+        return None
 
 
 class FaultProxy(ThreadedApp):
@@ -32,12 +47,13 @@ class FaultProxy(ThreadedApp):
         self.tok = tokenizer
         self.rule = rule
         self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-        self.seen: list[str] = []  # routing keys, in arrival order
+        self.seen: list[str] = []  # keys (episode ids), in arrival order
         self.weight_version = "0"  # what a "text" answer reports as meta_info.weight_version
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
-        key = request.headers.get("X-SMG-Routing-Key", "")
+        header = request.headers.get("X-SMG-Routing-Key")
+        key = _episode_of(body.get("rid")) or header or ""
         self.seen.append(key)
         action = self.rule(key, body)
         if action is not None and action[0] == "status":
@@ -49,7 +65,7 @@ class FaultProxy(ThreadedApp):
                 "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
         if action is not None and action[0] == "delay":
             await asyncio.sleep(float(action[1]))
-        async with self._session.post(self.upstream + "/generate", json=body, headers={"X-SMG-Routing-Key": key}) as r:
+        async with self._session.post(self.upstream + "/generate", json=body, headers={"X-SMG-Routing-Key": header} if header else None) as r:
             return web.json_response(await r.json(content_type=None), status=r.status)
 
     async def _workers(self, request: web.Request) -> web.Response:

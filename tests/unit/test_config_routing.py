@@ -31,12 +31,15 @@ def test_the_section_round_trips_through_to_dict():
                              "local.router_policy=round_robin"])
     d = cfg.to_dict()
     assert d["pool"]["adaptive_concurrency"] == {"enabled": True, "high_water": 0.8, "low_water": 0.6, "poll_interval_s": 0.5,
-                                                 "timeout_s": 2.0, "signal": "mean", "worker_urls": ["http://a:1", "http://b:2"]}
+                                                 "timeout_s": 2.0, "signal": "mean", "start_calls_per_worker": 4, "decrease_factor": 0.5,
+                                                 "worker_urls": ["http://a:1", "http://b:2"]}
     assert d["policy"]["routing"] == "episode" and d["local"]["router_policy"] == "round_robin"
     assert config_from_dict(d).to_dict() == d
 
 
 @pytest.mark.parametrize("override, message", [
+    ("pool.adaptive_concurrency.start_calls_per_worker=0", "pool.adaptive_concurrency.start_calls_per_worker: must be an integer >= 1"),
+    ("pool.adaptive_concurrency.decrease_factor=1", "pool.adaptive_concurrency.decrease_factor: must be in (0, 1)"),
     ("pool.adaptive_concurrency.high_water=0", "pool.adaptive_concurrency.high_water: must be in (0, 1]"),
     ("pool.adaptive_concurrency.high_water=1.5", "pool.adaptive_concurrency.high_water: must be in (0, 1]"),
     ("pool.adaptive_concurrency.low_water=0.9", "pool.adaptive_concurrency.low_water: must be in [0, pool.adaptive_concurrency.high_water=0.9)"),

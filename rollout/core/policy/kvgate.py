@@ -19,6 +19,26 @@ again once it is below ``low_water`` (hysteresis: between the marks it stays as 
 every later turn; calls already out go on. ``pool.max_concurrent_episodes`` stays the upper bound:
 the gate only ever holds calls back.
 
+Open, the gate still caps the actor's calls in flight (additive increase, multiplicative decrease,
+as TCP's congestion window): when the gate opens, held calls go out at most ``limit`` at a time
+instead of all at once (a first version released every held call together and refilled the
+servers' KV at once: ``python -m rollout.bench routing`` measured 8-33% of prefill still lost with
+the gate on). The limit starts at ``start_calls_per_worker`` x workers at the first reading, grows
+by one call per worker per poll while the figure is below ``low_water`` and the cap binds, and is
+cut by ``decrease_factor`` (at most every other poll) when the gate closes or when the workers'
+``sglang:num_retracted_requests_total`` grew since the last poll (a retraction is the waste the
+gate exists to prevent, and the servers report it before the usage figure shows why); it never
+goes below one call per worker. Unknown readings lift the cap, as they open the gate.
+
+The call cap alone learns only from retractions, after the waste. Where the workers report their KV
+pool's size (SGLang's ``sglang:max_total_num_tokens``), the gate also reserves KV tokens before it
+admits a call: a call reserves its prompt plus the tokens it is expected to generate (twice the
+mean of this actor's last answers, ``max_new_tokens`` until 8 answers are known; capped by
+``max_new_tokens``), and the actor's reservations stay within its share (``share``, one actor's
+part of the pool: 1 / ``pool.num_actors``) of ``high_water`` x the workers' KV tokens, the way
+SGLang's scheduler reserves room for a request's decode before admitting it. A call is always
+admitted when the actor has none out (a prompt larger than the share is not starved).
+
 Failures never stall the pool: a worker whose ``/metrics`` cannot be read (refused, timed out,
 not 200, no ``sglang:token_usage`` sample) has an unknown reading and is left out of the figure;
 with no reading at all the figure is unknown and the gate opens (nothing is held on a guess). Each
@@ -32,8 +52,10 @@ Which workers: ``worker_urls`` from the config, else the workers the router list
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
+import operator
 import time
 from typing import Callable
 
@@ -47,17 +69,27 @@ from rollout.core.policy.protocol import PolicyServerError
 logger = logging.getLogger(__name__)
 
 TOKEN_USAGE = "sglang:token_usage"  # SGLang's gauge: KV tokens in use / KV pool size (0..1)
+RETRACTIONS = "sglang:num_retracted_requests_total"  # SGLang's counter of retracted requests
+KV_TOKENS = "sglang:max_total_num_tokens"  # SGLang's gauge: the KV pool's size in tokens
+EXPECTED_AFTER = 8  # answers seen before the expected answer length replaces max_new_tokens
 WORKERS_REFRESH_POLLS = 30  # polls between two reads of the router's worker list
 
 
 def parse_token_usage(text: str) -> float | None:
     """The ``sglang:token_usage`` of a Prometheus text exposition: the largest value among its
     samples (any labels), or ``None`` when it has none that parses as a finite number."""
+    return parse_metric(text, TOKEN_USAGE, max)
+
+
+def parse_metric(text: str, name: str, combine: Callable[[float, float], float]) -> float | None:
+    """Metric ``name`` in a Prometheus text exposition: its samples (any labels) combined by
+    ``combine`` (e.g. ``max`` for a gauge per rank, ``operator.add`` for a counter per rank), or
+    ``None`` when it has no sample that parses as a finite number."""
     best: float | None = None
     for line in text.splitlines():
-        if not line.startswith(TOKEN_USAGE):
+        if not line.startswith(name):
             continue
-        rest = line[len(TOKEN_USAGE):]
+        rest = line[len(name):]
         if rest and rest[0] not in " {":  # another metric whose name starts the same
             continue
         if rest.startswith("{"):
@@ -73,7 +105,7 @@ def parse_token_usage(text: str) -> float | None:
         except ValueError:
             continue
         if math.isfinite(value):
-            best = value if best is None else max(best, value)
+            best = value if best is None else combine(best, value)
     return best
 
 
@@ -89,9 +121,21 @@ class KVGate:
             ``cfg.worker_urls`` is set.
         api_key: sent as ``Authorization: Bearer`` on ``/metrics`` reads (SGLang exempts
             ``/metrics`` from its key; a proxy may not).
+        share: this actor's part of the workers' KV (1 / ``pool.num_actors``), in (0, 1].
+
+    Raises:
+        ValueError: ``share`` outside (0, 1].
 
     Attributes:
-        closed: whether calls are held now.
+        closed: whether calls are held now (the figure passed ``high_water`` and has not yet
+            fallen below ``low_water``).
+        limit: the cap on this actor's calls in flight while open (``None``: no cap, before the
+            first reading or while the figure is unknown); in_flight: calls holding a slot.
+        retractions: the workers' ``sglang:num_retracted_requests_total`` summed at the last
+            poll (``None`` where no worker reports it); cuts: times the limit was cut.
+        token_cap: KV tokens this actor may reserve (``share`` x ``high_water`` x the workers'
+            ``sglang:max_total_num_tokens``; ``None``: not reported, no reservation);
+            reserved: KV tokens reserved by the calls out.
         usage: the last figure (share of the KV budget), ``None`` if unknown.
         readings: worker URL -> its last reading (``None``: unknown).
         holds: times the gate closed; held_s: seconds calls waited in all (summed over calls).
@@ -100,8 +144,15 @@ class KVGate:
 
     def __init__(self, cfg: AdaptiveConcurrencyConfig, session: aiohttp.ClientSession,
                  list_workers: Callable[[], "asyncio.Future[list[str]] | object"] | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, share: float = 1.0) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
         self.cfg = cfg
+        self.share = share
+        self.token_cap: float | None = None
+        self.reserved = 0
+        self._answers = 0
+        self._answer_tokens = 0
         self.session = session
         self._list_workers = list_workers
         self._headers = auth_headers(api_key)
@@ -118,6 +169,13 @@ class KVGate:
         self.holds = 0
         self.held_s = 0.0
         self.polls = 0
+        self.limit: int | None = None
+        self.in_flight = 0
+        self.retractions: float | None = None
+        self.cuts = 0
+        self._workers_known = 1
+        self._last_cut = -2  # poll number of the last cut
+        self._waiters: collections.deque[tuple[asyncio.Future, int]] = collections.deque()
 
     @property
     def closed(self) -> bool:
@@ -129,41 +187,140 @@ class KVGate:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="kv-gate-poller")
 
-    async def wait(self) -> float:
-        """Wait while the gate is closed; returns the seconds waited (0.0 when it was open). The
-        first calls also wait for the first poll (bounded by ``timeout_s`` per read), so that a
-        pool starting against full workers does not send its first turns blind."""
+    def cost(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV tokens a call reserves: its prompt plus the answer expected (twice the mean of this
+        actor's answers once :data:`EXPECTED_AFTER` are known, else ``max_new_tokens``; at most
+        ``max_new_tokens``)."""
+        if self._answers >= EXPECTED_AFTER:
+            expected = min(max_new_tokens, math.ceil(2 * self._answer_tokens / self._answers))
+        else:
+            expected = max_new_tokens
+        return max(0, int(prompt_tokens)) + max(0, int(expected))
+
+    def _admits(self, cost: int = 0) -> bool:
+        if not self._open.is_set():
+            return False
+        if self.limit is not None and self.in_flight >= self.limit:
+            return False
+        return self.token_cap is None or self.in_flight == 0 or self.reserved + cost <= self.token_cap
+
+    def _wake(self) -> None:
+        """Hand free slots to the oldest waiters (FIFO), as many as the gate admits."""
+        while self._waiters:
+            fut, cost = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            if not self._admits(cost):
+                break
+            self._waiters.popleft()
+            self.in_flight += 1
+            self.reserved += cost
+            fut.set_result(None)
+
+    async def acquire(self, cost: int = 0) -> float:
+        """Take a slot for one ``/generate`` attempt, waiting while the gate is closed or the
+        actor's calls in flight are at :attr:`limit` or its reserved KV tokens would pass
+        :attr:`token_cap` (FIFO); ``cost``: the call's KV tokens (:meth:`cost`). Returns the
+        seconds waited (0.0 when admitted at once). The first calls also wait for the first poll (bounded by
+        ``timeout_s`` per read), so that a pool starting against full workers does not send its
+        first turns blind. Every successful ``acquire`` must be paired with
+        :meth:`release` of the same cost.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled while waiting (no slot is kept).
+        """
         self.start()
         if not self._first.is_set():  # (not counted as held: the gate has not judged yet)
             await self._first.wait()
-        if self._open.is_set():
+        if not self._waiters and self._admits(cost):
+            self.in_flight += 1
+            self.reserved += cost
             return 0.0
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((fut, cost))
         t0 = time.monotonic()
-        await self._open.wait()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted just as it was cancelled: give it back
+                self.release(cost)
+            else:
+                fut.cancel()
+            raise
         waited = time.monotonic() - t0
         self.held_s += waited
         return waited
 
-    def update(self, usage: float | None) -> None:
-        """Apply one figure: close at ``>= high_water``, open below ``low_water`` or when unknown."""
+    def release(self, cost: int = 0, generated: int | None = None) -> None:
+        """Give back a slot taken by :meth:`acquire` with ``cost`` (the attempt ended, however);
+        ``generated``: the tokens it generated, when it answered (they teach :meth:`cost`)."""
+        self.in_flight = max(0, self.in_flight - 1)
+        self.reserved = max(0, self.reserved - cost)
+        if generated is not None:
+            self._answers += 1
+            self._answer_tokens += generated
+        self._wake()
+
+    async def wait(self) -> float:
+        """Wait until the gate would admit a call, without keeping a slot (:meth:`acquire` then
+        :meth:`release`); returns the seconds waited."""
+        held = await self.acquire()
+        self.release()
+        return held
+
+    def _cut(self) -> None:
+        if self.limit is None or self.polls - self._last_cut < 2:
+            return
+        floor = self._workers_known
+        self.limit = max(floor, int(min(self.limit, max(self.in_flight, floor)) * self.cfg.decrease_factor))
+        self._last_cut = self.polls
+        self.cuts += 1
+
+    def update(self, usage: float | None, retractions: float | None = None, kv_tokens: float | None = None) -> None:
+        """Apply one figure: close at ``>= high_water``, open below ``low_water`` or when unknown;
+        and adjust :attr:`limit` (see the module docstring). ``retractions``: the workers'
+        retraction counter now (``None``: not reported); ``kv_tokens``: their KV pools' size in
+        tokens (``None``: not reported; no token reservation)."""
         self.usage = usage
+        self.token_cap = None if kv_tokens is None or usage is None else self.share * self.cfg.high_water * kv_tokens
+        retracted = (retractions is not None and self.retractions is not None and retractions > self.retractions)
+        self.retractions = retractions
         if usage is None:
             if self.closed:
                 logger.info("KV gate: no worker's KV usage can be read; held calls go on (unknown is never held)")
             self._open.set()
-        elif not self.closed and usage >= self.cfg.high_water:
+            self.limit = None
+            self._wake()
+            return
+        if self.limit is None:
+            self.limit = self.cfg.start_calls_per_worker * self._workers_known
+        if not self.closed and usage >= self.cfg.high_water:
             self.holds += 1
             self._open.clear()
-            logger.debug("KV gate closed: KV usage %.3f >= high water %.3f", usage, self.cfg.high_water)
+            self._cut()
+            logger.debug("KV gate closed: KV usage %.3f >= high water %.3f (limit %s)", usage, self.cfg.high_water, self.limit)
         elif self.closed and usage < self.cfg.low_water:
             self._open.set()
-            logger.debug("KV gate opened: KV usage %.3f < low water %.3f", usage, self.cfg.low_water)
+            logger.debug("KV gate opened: KV usage %.3f < low water %.3f (limit %s)", usage, self.cfg.low_water, self.limit)
+        if retracted:
+            self._cut()
+        elif not self.closed and usage < self.cfg.low_water and self.in_flight + len(self._waiters) >= self.limit:
+            self.limit += self._workers_known  # additive increase, only while the cap binds
+        self._wake()
 
     async def poll_once(self) -> float | None:
         """Read every worker once, apply the figure (:meth:`update`) and return it."""
         urls = await self._workers()
-        values = await asyncio.gather(*[self._read(u) for u in urls]) if urls else []
+        triples = await asyncio.gather(*[self._read(u) for u in urls]) if urls else []
+        values = [v for v, _, _ in triples]
         self.readings = dict(zip(urls, values))
+        self._workers_known = max(1, len(urls))
+        readable = sum(v is not None for v in values)
+        counts = [c for v, c, _ in triples if v is not None and c is not None]
+        retractions = sum(counts) if counts and len(counts) == readable else None
+        sizes = [k for v, _, k in triples if v is not None and k is not None]
+        kv_tokens = sum(sizes) if sizes and len(sizes) == readable else None
         known = [v for v in values if v is not None]
         if not known:
             figure = None
@@ -172,7 +329,7 @@ class KVGate:
         else:
             figure = max(known)
         self.polls += 1
-        self.update(figure)
+        self.update(figure, retractions, kv_tokens)
         self._first.set()
         return figure
 
@@ -193,18 +350,21 @@ class KVGate:
             self._list_failed = True
         return self._urls
 
-    async def _read(self, url: str) -> float | None:
+    async def _read(self, url: str) -> tuple[float | None, float | None, float | None]:
+        """``(token usage, retraction counter, KV pool tokens)`` of one worker (each ``None`` when
+        not reported); ``(None, None, None)`` when unreadable."""
         error = ""
         try:
             timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
             async with self.session.get(url + "/metrics", headers=self._headers, timeout=timeout) as r:
                 if r.status == 200:
-                    value = parse_token_usage(await r.text(errors="replace"))
+                    text = await r.text(errors="replace")
+                    value = parse_token_usage(text)
                     if value is not None:
                         if url in self._failing:
                             self._failing.discard(url)
                             logger.info("KV gate: %s/metrics reads again (%s %.3f)", url, TOKEN_USAGE, value)
-                        return value
+                        return value, parse_metric(text, RETRACTIONS, operator.add), parse_metric(text, KV_TOKENS, operator.add)
                     error = f"no {TOKEN_USAGE} sample"
                 else:
                     error = f"HTTP {r.status}"
@@ -214,7 +374,7 @@ class KVGate:
             self._failing.add(url)
             logger.warning("KV gate: cannot read %s/metrics (%s); its KV usage counts as unknown and nothing is held for it "
                            "(logged once until it reads again)", url, error)
-        return None
+        return None, None, None
 
     async def _poll_loop(self) -> None:
         while True:
@@ -229,9 +389,11 @@ class KVGate:
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def stats(self) -> dict:
-        """``{"closed", "usage", "holds", "held_s", "polls", "workers"}`` for logs and :meth:`RolloutWorker.info`."""
+        """``{"closed", "usage", "holds", "held_s", "polls", "workers", "limit", "in_flight", "waiting",
+        "cuts", "token_cap", "reserved"}`` for logs and :meth:`RolloutWorker.info`."""
         return {"closed": self.closed, "usage": self.usage, "holds": self.holds, "held_s": round(self.held_s, 3),
-                "polls": self.polls, "workers": len(self.readings)}
+                "polls": self.polls, "workers": len(self.readings), "limit": self.limit, "in_flight": self.in_flight,
+                "waiting": len(self._waiters), "cuts": self.cuts, "token_cap": self.token_cap, "reserved": self.reserved}
 
     def close(self) -> None:
         """Stop the poller and open the gate (idempotent)."""
@@ -240,3 +402,5 @@ class KVGate:
             self._task = None
         self._open.set()
         self._first.set()
+        self.limit = None
+        self._wake()

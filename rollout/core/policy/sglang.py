@@ -201,23 +201,29 @@ class SGLangClient:
         try:
             while True:
                 epoch = 0
+                cost, gen = 0, None
                 if self.kv_gate is not None:  # pool.adaptive_concurrency: held while the workers' KV is nearly full
-                    held = await self.kv_gate.wait()
+                    cost = self.kv_gate.cost(len(input_ids), max_new_tokens)
+                    held = await self.kv_gate.acquire(cost)  # a slot of the actor's capped calls and KV tokens
                     if held:
                         self.kv_held_s[routing_key] = self.kv_held_s.get(routing_key, 0.0) + held
-                if self.gate is not None:
-                    await self.gate.wait_open()
-                    epoch = self.gate.epoch
-                async with breaker.attempt():
-                    if live:
-                        await self._abort_attempts(live)
-                    cur = rid if sent == 0 else f"{rid}.r{sent}"
-                    sent += 1
-                    body["rid"] = cur
-                    self.inflight[routing_key] = cur
-                    sent_at = time.monotonic()
-                    outcome, error, gen = await self._send(body, headers, timeout, cur, live)
-                    latency_s = time.monotonic() - sent_at
+                try:
+                    if self.gate is not None:
+                        await self.gate.wait_open()
+                        epoch = self.gate.epoch
+                    async with breaker.attempt():
+                        if live:
+                            await self._abort_attempts(live)
+                        cur = rid if sent == 0 else f"{rid}.r{sent}"
+                        sent += 1
+                        body["rid"] = cur
+                        self.inflight[routing_key] = cur
+                        sent_at = time.monotonic()
+                        outcome, error, gen = await self._send(body, headers, timeout, cur, live)
+                        latency_s = time.monotonic() - sent_at
+                finally:
+                    if self.kv_gate is not None:
+                        self.kv_gate.release(cost, len(gen.ids) if gen is not None and gen.finish_type != "abort" else None)
                 if gen is not None:
                     ended = breaker.record_success()
                     if ended is not None:
