@@ -8,83 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import aiohttp
 import pytest
+from support.tagged_cluster import tagged_cluster
 
 from rollout.core.config import AdaptiveConcurrencyConfig, PolicyConfig
 from rollout.core.policy import RouterAdmin, SGLangClient
 from rollout.core.policy.kvgate import KVGate
-from rollout.core.tokenizer import resolve_tokenizer_path
-from rollout.devtools.local.stack import _http, free_port, router_policy_args
+from rollout.devtools.local.stack import router_policy_args
 
 WORKERS = 4
-TESTS = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
-    """``(router_url, worker_urls, {worker name: url})``: four tagged workers (each /generate
-    waits 0.1 s, so that calls overlap) behind the real router with the ``auto`` policy."""
-    log_dir = tmp_path_factory.mktemp("routing")
-    tok = resolve_tokenizer_path("builtin:qwen3")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
-    procs: list[subprocess.Popen] = []
-    urls = []
-    try:
-        for i in range(WORKERS):
-            port = free_port()
-            urls.append(f"http://127.0.0.1:{port}")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "support.tagged_worker", "--port", str(port), "--name", f"w{i}", "--model-path", tok,
-                 "--delay-s", "0.1"], env=env, start_new_session=True,
-                stdout=open(log_dir / f"w{i}.log", "wb"), stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 60
-        for u in urls:
-            while True:
-                try:
-                    if _http("GET", u + "/health", timeout=1.0)[0] == 200:
-                        break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, f"worker {u} did not start"
-                time.sleep(0.1)
-        rport = free_port()
-        router = f"http://127.0.0.1:{rport}"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport), "--worker-urls", *urls,
-             *router_policy_args("auto"), "--tokenizer-path", tok, "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port()), "--log-level", "warn"],
-            env=env, start_new_session=True, stdout=open(log_dir / "router.log", "wb"), stderr=subprocess.STDOUT))
-        while True:
-            try:
-                status, body = _http("GET", router + "/workers", timeout=1.0)
-                if status == 200 and sum(bool(w.get("is_healthy")) for w in json.loads(body)["workers"]) == WORKERS:
-                    break
-            except (OSError, ValueError):
-                pass
-            assert procs[-1].poll() is None, (log_dir / "router.log").read_text()
-            assert time.monotonic() < deadline, "the router did not list the workers as healthy"
-            time.sleep(0.2)
+    """``(router_url, worker_urls)``: four tagged workers (each /generate waits 0.1 s, so that
+    calls overlap) behind the real router with the ``auto`` policy."""
+    with tagged_cluster(router_policy_args("auto"), workers=WORKERS, delay_s=0.1, log_dir=tmp_path_factory.mktemp("routing")) as (router, urls, _):
         yield router, urls
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
 
 
 async def _episodes(router: str, routing: str, groups: int, members: int, turns: int, prefix: str) -> dict[tuple[int, int], list[dict]]:

@@ -21,12 +21,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import aiohttp
 
-from rollout.core.tokenizer import resolve_tokenizer_path
-from rollout.devtools.local.stack import _http, free_port
+from support.tagged_cluster import tagged_cluster
 
 WORKERS = 4
 
@@ -83,41 +81,12 @@ def main() -> None:
     p.add_argument("router_args", nargs=argparse.REMAINDER)
     args = p.parse_args()
     router_args = args.router_args[1:] if args.router_args[:1] == ["--"] else args.router_args
-    tok = resolve_tokenizer_path("builtin:qwen3")
-    procs: list[subprocess.Popen] = []
-    urls = []
     try:
-        for i in range(WORKERS):
-            port = free_port()
-            urls.append(f"http://127.0.0.1:{port}")
-            procs.append(subprocess.Popen([sys.executable, "-m", "support.tagged_worker", "--port", str(port), "--name", f"w{i}",
-                                           "--model-path", tok, "--delay-s", str(args.delay_s)], start_new_session=True))
-        rport = free_port()
-        router = f"http://127.0.0.1:{rport}"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(rport), "--worker-urls", *urls,
-             *router_args, "--tokenizer-path", tok, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-             "--log-level", "warn"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status, body = _http("GET", router + "/workers", timeout=1.0)
-                if status == 200 and sum(bool(w.get("is_healthy")) for w in json.loads(body)["workers"]) == WORKERS:
-                    break
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                sys.exit("the router did not list the four workers as healthy within 60 s")
-            time.sleep(0.2)
-        print("router", " ".join(router_args))
-        asyncio.run(_measure(router, args.keys, args.calls, args.together, procs, urls))
-    finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
+        with tagged_cluster(router_args, workers=WORKERS, delay_s=args.delay_s) as (router, urls, procs):
+            print("router", " ".join(router_args))
+            asyncio.run(_measure(router, args.keys, args.calls, args.together, procs, urls))
+    except AssertionError as e:
+        sys.exit(str(e))
 
 if __name__ == "__main__":
     main()
