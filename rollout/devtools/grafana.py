@@ -35,7 +35,7 @@ from pathlib import Path
 
 from rollout.core.telemetry import METRICS, MetricDef, Side
 from rollout.core.telemetry import registry as R
-from rollout.devtools.promtext import Sample, parse
+from rollout.core.telemetry.promtext import Sample, parse
 
 __all__ = ["ROWS", "Panel", "Query", "dashboard", "dashboard_json", "evaluate", "histogram_quantile", "main", "metrics_table", "panel_metrics",
            "read_scrapes", "record_scrapes", "render"]

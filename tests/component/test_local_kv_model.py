@@ -16,8 +16,8 @@ from support.inprocess import serve
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from rollout.core.telemetry import promtext
 from rollout.core.tokenizer import load_tokenizer
-from rollout.devtools import promtext
 from rollout.devtools.local.kvmodel import KVParams
 from rollout.devtools.local.stack import free_port
 

@@ -29,7 +29,7 @@ from support.ray_head import ray_head
 
 from rollout.core.telemetry import METRICS, Kind
 from rollout.core.telemetry import registry as R
-from rollout.devtools.promtext import Sample, scrape, select
+from rollout.core.telemetry.promtext import Sample, scrape, select
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -98,5 +98,7 @@ def test_parse_token_usage():
     assert parse_token_usage(text) == 0.5  # the fuller rank
     assert parse_token_usage("sglang:token_usage 0.125\n") == 0.125
     assert parse_token_usage("sglang:token_usage NaN\n") is None
+    # a line that is not a sample (unclosed labels) is skipped, not fatal: the reading stands
+    assert parse_token_usage('sglang:token_usage{model_name="m" 0.9\nsglang:token_usage 0.375\n') == 0.375
     assert parse_token_usage("sglang:num_running_reqs 3.0\n") is None
     assert parse_token_usage("") is None

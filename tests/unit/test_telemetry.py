@@ -290,8 +290,8 @@ def test_the_docs_page_holds_the_registry_s_tables_and_the_preview():
 
 
 def test_the_preview_evaluates_the_queries_as_prometheus_does():
+    from rollout.core.telemetry.promtext import parse
     from rollout.devtools.grafana import Query, evaluate, histogram_quantile
-    from rollout.devtools.promtext import parse
 
     inf = float("inf")
     assert histogram_quantile(0.5, {0.1: 0, 0.5: 10, 1.0: 20, inf: 20}) == pytest.approx(0.5)
@@ -313,7 +313,7 @@ def test_the_preview_evaluates_the_queries_as_prometheus_does():
 
 
 def test_the_exposition_parser_reads_what_ray_writes():
-    from rollout.devtools.promtext import parse, select, total
+    from rollout.core.telemetry.promtext import parse, select, total
 
     text = "\n".join([
         "# HELP ray_x_total x",

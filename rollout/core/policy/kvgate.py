@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import operator
@@ -65,6 +66,7 @@ from rollout.core.adaptive import AdaptiveConcurrencyConfig
 from rollout.core.choices import KVSignal
 from rollout.core.policy.auth import auth_headers, describe_error
 from rollout.core.policy.protocol import PolicyServerError
+from rollout.core.telemetry import promtext
 
 logger = logging.getLogger(__name__)
 
@@ -78,35 +80,15 @@ WORKERS_REFRESH_POLLS = 30  # polls between two reads of the router's worker lis
 def parse_token_usage(text: str) -> float | None:
     """The ``sglang:token_usage`` of a Prometheus text exposition: the largest value among its
     samples (any labels), or ``None`` when it has none that parses as a finite number."""
-    return parse_metric(text, TOKEN_USAGE, max)
+    return metric(promtext.parse(text, TOKEN_USAGE, strict=False), TOKEN_USAGE, max)
 
 
-def parse_metric(text: str, name: str, combine: Callable[[float, float], float]) -> float | None:
-    """Metric ``name`` in a Prometheus text exposition: its samples (any labels) combined by
+def metric(samples: list[promtext.Sample], name: str, combine: Callable[[float, float], float]) -> float | None:
+    """Metric ``name`` among parsed ``samples``: its finite values (any labels) combined by
     ``combine`` (e.g. ``max`` for a gauge per rank, ``operator.add`` for a counter per rank), or
-    ``None`` when it has no sample that parses as a finite number."""
-    best: float | None = None
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        rest = line[len(name):]
-        if rest and rest[0] not in " {":  # another metric whose name starts the same
-            continue
-        if rest.startswith("{"):
-            end = rest.rfind("}")
-            if end < 0:
-                continue
-            rest = rest[end + 1:]
-        parts = rest.split()
-        if not parts:
-            continue
-        try:
-            value = float(parts[0])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            best = value if best is None else combine(best, value)
-    return best
+    ``None`` when it has none."""
+    values = [s.value for s in promtext.select(samples, name) if math.isfinite(s.value)]
+    return functools.reduce(combine, values) if values else None
 
 
 class KVGate:
@@ -358,13 +340,13 @@ class KVGate:
             timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
             async with self.session.get(url + "/metrics", headers=self._headers, timeout=timeout) as r:
                 if r.status == 200:
-                    text = await r.text(errors="replace")
-                    value = parse_token_usage(text)
+                    samples = promtext.parse(await r.text(errors="replace"), "sglang:", strict=False)  # once per read
+                    value = metric(samples, TOKEN_USAGE, max)
                     if value is not None:
                         if url in self._failing:
                             self._failing.discard(url)
                             logger.info("KV gate: %s/metrics reads again (%s %.3f)", url, TOKEN_USAGE, value)
-                        return value, parse_metric(text, RETRACTIONS, operator.add), parse_metric(text, KV_TOKENS, operator.add)
+                        return value, metric(samples, RETRACTIONS, operator.add), metric(samples, KV_TOKENS, operator.add)
                     error = f"no {TOKEN_USAGE} sample"
                 else:
                     error = f"HTTP {r.status}"

@@ -70,7 +70,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout.devtools import promtext
+from rollout.core.telemetry import promtext
 from rollout.devtools.local.radix import RadixCache
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
-"""Read Prometheus' text exposition format (what Ray's metrics export port answers on
-``/metrics``), enough for tests and the dashboard preview: no dependency.
+"""Read Prometheus' text exposition format (what Ray's metrics export port and SGLang's servers
+answer on ``/metrics``), enough for the KV gate, the benches, tests and the dashboard preview: no
+dependency.
 
 The format (Prometheus' "Exposition formats" documentation): one sample per line,
 ``name{label="value",...} value [timestamp]``; ``#`` lines are comments (``HELP``, ``TYPE``);
@@ -39,16 +40,24 @@ def _value(text: str) -> float:
     return float(t)  # "NaN" too
 
 
-def parse(text: str, prefix: str = "") -> list[Sample]:
-    """The samples of an exposition whose name starts with ``prefix``.
+def parse(text: str, prefix: str = "", strict: bool = True) -> list[Sample]:
+    """The samples of an exposition whose name starts with ``prefix``. ``strict=False`` skips a
+    line that is not a sample instead of raising (a reader that must not fail on one odd line
+    from a server it does not control: :mod:`rollout.core.policy.kvgate`).
 
     Raises:
-        ValueError: a line that is not a comment, blank, or a sample (names the line).
+        ValueError: with ``strict``, a line that is not a comment, blank, or a sample (names the line).
     """
     out = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#") or not line.startswith(prefix):
+            continue
+        if not strict:
+            try:
+                out.extend(parse(line, prefix))
+            except ValueError:
+                pass
             continue
         m = _NAME.match(line)
         if m is None:
