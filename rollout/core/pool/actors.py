@@ -96,7 +96,7 @@ class ActorSet:
         cfg: the whole config (``pool``, ``policy``, ``env``, ``logging``, ``rollout.partial_rollout``).
 
     Attributes:
-        actors: the actor handles (empty before :meth:`start` and after :meth:`close`).
+        actors: the actor handles (empty before :meth:`launch` and after :meth:`close`).
         gcs_address: the Ray head's ``host:port`` once started (``None``: unknown, no head-loss
             detection).
     """
@@ -106,9 +106,10 @@ class ActorSet:
         self.actors: list = []
         self.gcs_address: str | None = None
 
-    def start(self, env_vars: dict[str, str]) -> list[dict]:
-        """Connect to (or start) Ray and create the actors; returns each actor's ``info()`` once
-        every actor is ready (:meth:`launch`, then :meth:`wait_ready`).
+    def launch(self, env_vars: dict[str, str]) -> None:
+        """Connect to (or start) Ray and create the actors, without waiting for them: each
+        starts in its own process (imports, the domain, the tokenizer, the chat-template probe)
+        while the caller goes on; :meth:`wait_ready` waits for them.
 
         Args:
             env_vars: the actors' ``runtime_env`` environment (e.g. ``RAY_USE_UVLOOP``, from
@@ -117,20 +118,6 @@ class ActorSet:
         Raises:
             rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
                 ``pool.ray_address`` does not answer (one line, before any actor starts).
-            RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
-                the actor's error; or an actor runs another event loop than ``pool.event_loop``
-                (uvloop missing on its node; the actors are stopped).
-        """
-        self.launch(env_vars)
-        return self.wait_ready()
-
-    def launch(self, env_vars: dict[str, str]) -> None:
-        """Connect to (or start) Ray and create the actors, without waiting for them: each
-        starts in its own process (imports, the domain, the tokenizer, the chat-template probe)
-        while the caller goes on; :meth:`wait_ready` waits for them.
-
-        Raises:
-            rollout.core.startup.PreflightError: as :meth:`start`, before any actor starts.
         """
         from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source
 
@@ -164,7 +151,9 @@ class ActorSet:
         """Wait until every actor :meth:`launch` created is ready; returns each one's ``info()``.
 
         Raises:
-            RuntimeError: as :meth:`start`.
+            RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
+                the actor's error; or an actor runs another event loop than ``pool.event_loop``
+                (uvloop missing on its node; the actors are stopped).
         """
         p = self.cfg.pool
         try:
