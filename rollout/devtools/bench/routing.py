@@ -123,7 +123,10 @@ def ideal_hits(episodes: Iterable[Sequence[tuple[Sequence[int], Sequence[int]]]]
 def parse_worker_metrics(text: str) -> dict[str, float]:
     """The counters this bench reads (:data:`METRICS`) from one worker's ``/metrics`` text
     (summed over label sets; absent ones are 0)."""
-    samples = promtext.parse(text)
+    return _counters(promtext.parse(text))
+
+
+def _counters(samples: list[promtext.Sample]) -> dict[str, float]:
     return {name: promtext.total(samples, name) for name in METRICS}
 
 
@@ -243,11 +246,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 # --------------------------------------------------------------------------- running a row
 def _scrape(urls: list[str]) -> list[dict[str, float]]:
-    out = []
-    for u in urls:
-        with urllib.request.urlopen(u.rstrip("/") + "/metrics", timeout=10) as r:
-            out.append(parse_worker_metrics(r.read().decode()))
-    return out
+    return [_counters(promtext.scrape(u.rstrip("/") + "/metrics", timeout_s=10)) for u in urls]
 
 
 def _worker_urls(router_url: str) -> list[str]:
