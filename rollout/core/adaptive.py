@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from rollout.core.choices import KVSignal
+from rollout.core.choices import KVSignal, Placement
 
 
 @dataclass
@@ -26,12 +26,19 @@ class AdaptiveConcurrencyConfig:
     # max = the fullest worker's usage (holds everything as soon as one worker is full); mean = the
     # mean over the workers read
     signal: KVSignal = KVSignal.MAX
+    # Who picks each call's worker: router = the router (policy.routing's key; the gate sees the
+    # workers as one KV pool, figure by `signal`); gate = the gate places each routing key on a
+    # worker of the actor's own part of the workers that has KV room for it (the fewest keys
+    # first; sticky) and sends its calls there directly, holding calls per worker (the router
+    # still lists the workers and serves aborts and weight updates). `signal` is unused under gate.
+    placement: Placement = Placement.GATE
     # Open, the cap on an actor's calls in flight (kvgate.py): it starts at this many calls per
     # worker at the first reading, grows by one per worker per poll below low_water, never below one
     start_calls_per_worker: int = 4
     decrease_factor: float = 0.5  # the cap's cut when the gate closes or the workers report new retractions; in (0, 1)
-    # The workers whose /metrics are read: null = the workers the router lists (GET /workers at
-    # policy.router_url, re-read every 30 polls), or a list of http://host:port
+    # The workers whose /metrics are read (and, under placement=gate, to which calls are sent):
+    # null = the workers the router lists (GET /workers at policy.router_url, re-read every 30
+    # polls), or a list of http://host:port
     worker_urls: Optional[list[str]] = None
 
 

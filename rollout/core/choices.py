@@ -151,6 +151,17 @@ class KVSignal(Choice):
     MEAN = "mean"  # the mean over the workers read
 
 
+class Placement(Choice):
+    """``pool.adaptive_concurrency.placement``: who picks the worker of each ``/generate`` call
+    while the KV gate is on (:mod:`rollout.core.policy.kvgate`)."""
+
+    ROUTER = "router"  # the router (by policy.routing's key); the gate sees the workers as one KV pool
+    # the gate: each routing key is placed on a worker of the actor's own part that has KV room
+    # for it (the fewest keys first), sticky, and its calls go to that worker directly; the gate
+    # holds calls per worker, so one full worker holds only its own keys
+    GATE = "gate"
+
+
 class LogLevel(Choice):
     """``logging.level`` / ``logging.tau2_level``: a level name, in any case (``info`` is ``INFO``)."""
 

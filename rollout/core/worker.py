@@ -202,8 +202,9 @@ class RolloutWorker:
             :class:`~rollout.core.policy.kvgate.KVGate` per worker (one poller of the workers'
             ``/metrics``) holds new episodes and new turns while the workers' KV usage is high;
             an episode that waited gets ``metadata["kv_held_s"]``. ``None`` or disabled: no gate.
-        kv_share: this worker's part of the servers' KV for the gate's token reservation
-            (1 / ``pool.num_actors``; the pool sets it), in (0, 1].
+        kv_actor: ``(this actor's index, pool.num_actors)`` (the pool sets it): the KV gate's
+            part of the servers' KV (``1 / num_actors`` of it, or under ``placement=gate`` its own
+            workers: :func:`~rollout.core.policy.kvgate.my_workers`).
 
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.core.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
@@ -218,7 +219,7 @@ class RolloutWorker:
     def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8,
                  partial_rollout: str = "continue", own_process: bool = False, gil_switch_interval_ms: float = 1.0,
                  recorder: Recorder | None = None, adaptive_concurrency: AdaptiveConcurrencyConfig | None = None,
-                 kv_share: float = 1.0):
+                 kv_actor: tuple[int, int] = (0, 1)):
         logging_cfg = logging_cfg or LoggingConfig()
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
@@ -250,7 +251,7 @@ class RolloutWorker:
         self._client: SGLangClient | None = None
         self.gate = GenerationGate()
         self.adaptive_concurrency = adaptive_concurrency
-        self.kv_share = kv_share
+        self.kv_actor = kv_actor
         self.kv_gate: KVGate | None = None
         self._running: dict[str, asyncio.Task] = {}
         self._cancelled: set[str] = set()
@@ -275,7 +276,7 @@ class RolloutWorker:
             if ac is not None and ac.enabled:
                 key = api_key_from_env(self.policy_cfg.api_key_env)
                 lister = RouterAdmin(str(self.policy_cfg.router_url), self._session, timeout_s=ac.timeout_s, api_key=key)
-                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_urls, api_key=key, share=self.kv_share)
+                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_urls, api_key=key, actor=self.kv_actor[0], actors=self.kv_actor[1])
             self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder,
                                         kv_gate=self.kv_gate)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)

@@ -33,6 +33,7 @@ async def _set(session: aiohttp.ClientSession, url: str, **body) -> None:
 
 
 def _cfg(urls: list[str], **kw) -> AdaptiveConcurrencyConfig:
+    kw.setdefault("placement", "router")  # the workers as one pool; placement=gate has a test of its own
     return AdaptiveConcurrencyConfig(enabled=True, high_water=0.9, low_water=0.75, poll_interval_s=0.05, timeout_s=1.0,
                                      worker_urls=urls, **kw)
 
@@ -169,11 +170,12 @@ def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cu
                 await _until(lambda: gate.polls >= 1)
                 assert gate.limit == 4 and gate.retractions == 6  # 2 per worker; the counter summed
                 slots = [await gate.acquire() for _ in range(4)]
-                assert slots == [0.0] * 4 and gate.in_flight == 4
+                assert [t.waited for t in slots] == [0.0] * 4 and gate.in_flight == 4
+                assert all(t.worker is None for t in slots)  # placement=router: the calls go to the router
                 late = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
                 await asyncio.sleep(0.1)
                 assert not any(f.done() for f in late)  # the cap binds: held, not sent
-                gate.release()
+                gate.release(slots.pop())
                 await asyncio.sleep(0.05)
                 assert late[0].done() and not late[1].done() and gate.in_flight == 4  # FIFO, one for one
                 # below the low-water mark with the cap binding: +1 per worker per poll
@@ -187,8 +189,9 @@ def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cu
                 extra = asyncio.ensure_future(gate.acquire())
                 await asyncio.sleep(0.05)
                 assert not extra.done()
+                out = slots + [f.result() for f in late]
                 for _ in range(4):  # calls end: 6 -> 2 in flight, the waiter gets a slot
-                    gate.release()
+                    gate.release(out.pop())
                 await asyncio.sleep(0.05)
                 assert extra.done() and gate.in_flight == 3
                 # a cancelled waiter keeps no slot
@@ -196,7 +199,7 @@ def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cu
                 await asyncio.sleep(0.05)
                 ghost.cancel()
                 await asyncio.sleep(0.05)
-                gate.release()
+                gate.release(out.pop())
                 assert gate.in_flight == 2
                 # unknown readings lift the cap (nothing is held on a guess)
                 await _set(s, u1, fail=True)
@@ -206,5 +209,56 @@ def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cu
                 gate.close()
                 await r1.cleanup()
                 await r2.cleanup()
+
+    asyncio.run(main())
+
+
+def test_placement_gate_keeps_each_key_on_one_worker_holds_per_worker_and_moves_a_dead_worker_s_keys():
+    """``placement=gate``: the gate places each routing key on the worker with the most room in
+    its KV share and the calls go straight to that worker; a worker past the high-water mark holds
+    only the keys placed on it; a call that would pass a worker's reserved-token cap waits; a
+    worker that refuses connections loses its keys to the others, and the retried call lands there."""
+    async def main():
+        (r1, u1), (r2, u2) = await _worker("w0", delay_s=0.5), await _worker("w1", delay_s=0.5)
+        runners = {u1: r1, u2: r2}
+        async with aiohttp.ClientSession() as s:
+            for u in (u1, u2):
+                await _set(s, u, value=0.1, kv_tokens=1000)  # cap per worker: 0.9 x 1000 = 900 tokens
+            gate = KVGate(_cfg([u1, u2], placement="gate"), s)
+            client = SGLangClient(PolicyConfig(router_url="http://127.0.0.1:9", routing="group"), s, kv_gate=gate)
+            client.groups.update({"a1": "g1", "a2": "g1", "a3": "g1", "b1": "g2", "b2": "g2", "b3": "g2"})
+
+            def gen(eid: str, n: int = 0):  # prompt 300 + max_new_tokens 100: 400 KV tokens reserved
+                return asyncio.ensure_future(client.generate([1] * 300, 100, rid=f"{eid}@{n}", routing_key=eid))
+
+            try:
+                first = [gen("a1"), gen("a2"), gen("b1"), gen("b2")]
+                await asyncio.sleep(0.2)
+                third = gen("a3")  # g1's worker has 800 of its 900 tokens reserved: held
+                await asyncio.sleep(0.2)
+                assert not third.done() and gate.in_flight == 4
+                got = [(await f).meta["worker"] for f in first]
+                assert got[0] == got[1] and got[2] == got[3] and got[0] != got[2]  # a group on one worker, groups apart
+                assert (await asyncio.wait_for(third, 5.0)).meta["worker"] == got[0]
+                assert client.kv_held_s["a3"] >= 0.2
+                g1, g2 = gate.placed["g1"], gate.placed["g2"]
+                assert {g1, g2} == {u1, u2}
+                # g1's worker past the high-water mark: g1's calls wait, g2's go on
+                await _set(s, g1, value=0.95, kv_tokens=1000)
+                await _until(lambda: gate.stats()["per_worker"][g1]["closed"])
+                held, free = gen("a1", 1), gen("b1", 1)
+                assert (await asyncio.wait_for(free, 5.0)).meta["worker"] == got[2]
+                assert not held.done() and not gate.closed  # only g1's worker is closed
+                await _set(s, g1, value=0.5, kv_tokens=1000)
+                assert (await asyncio.wait_for(held, 5.0)).meta["worker"] == got[0]
+                # g2's worker goes away: the call is refused, g2 moves to the other worker, the retry lands there
+                await runners.pop(g2).cleanup()
+                moved = await asyncio.wait_for(client.generate([1] * 300, 100, rid="b2@1", routing_key="b2"), 10.0)
+                assert moved.meta["worker"] == got[0] and gate.placed["g2"] == g1
+                assert gate.stats()["per_worker"][g2]["down"]
+            finally:
+                gate.close()
+                for r in runners.values():
+                    await r.cleanup()
 
     asyncio.run(main())

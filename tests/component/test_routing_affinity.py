@@ -92,7 +92,7 @@ def test_the_kv_gate_reads_the_workers_the_router_lists(routed):
                 async with s.post(u + "/token_usage", json={"value": 0.2}) as r:
                     assert r.status == 200
             admin = RouterAdmin(router, s)
-            gate = KVGate(AdaptiveConcurrencyConfig(enabled=True, poll_interval_s=0.05), s, list_workers=admin.worker_urls)
+            gate = KVGate(AdaptiveConcurrencyConfig(enabled=True, poll_interval_s=0.05, placement="router"), s, list_workers=admin.worker_urls)
             try:
                 assert await gate.poll_once() == pytest.approx(0.2) and sorted(gate.readings) == sorted(urls)
                 async with s.post(urls[2] + "/token_usage", json={"value": 0.93}) as r:

@@ -6,7 +6,8 @@
   counts the call under that key (``GET /served``: ``{"name", "calls", "by_key": {key: n}}``).
 * ``GET /metrics`` answers Prometheus text with ``sglang:token_usage`` (and
   ``sglang:num_running_reqs``), whose value ``POST /token_usage {"value": float}`` sets (and
-  ``sglang:num_retracted_requests_total``, once ``{"retractions": n}`` has set it); with
+  ``sglang:num_retracted_requests_total``, once ``{"retractions": n}`` has set it, and
+  ``sglang:max_total_num_tokens``, once ``{"kv_tokens": n}`` has); with
   ``{"fail": true}`` it answers 500 instead (a worker whose metrics cannot be read).
 * ``GET /health``, ``/get_model_info`` (= ``/model_info``), ``/get_server_info`` (= ``/server_info``):
   what the router reads at registration (``model_path`` is the local tokenizer folder, so the
@@ -30,7 +31,7 @@ ROUTING_HEADER = "X-SMG-Routing-Key"
 def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Application:
     """The worker's aiohttp application (see the module docstring); each ``/generate`` waits
     ``delay_s`` seconds (an asyncio sleep) before it answers, so that calls overlap."""
-    state = {"usage": 0.0, "fail": False, "calls": 0, "by_key": collections.Counter(), "retractions": None}
+    state = {"usage": 0.0, "fail": False, "calls": 0, "by_key": collections.Counter(), "retractions": None, "kv_tokens": None}
 
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
@@ -63,6 +64,9 @@ def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Applicatio
         if state["retractions"] is not None:
             text += ("# TYPE sglang:num_retracted_requests_total counter\n"
                      f'sglang:num_retracted_requests_total{{model_name="tagged"}} {state["retractions"]}\n')
+        if state["kv_tokens"] is not None:
+            text += ("# TYPE sglang:max_total_num_tokens gauge\n"
+                     f'sglang:max_total_num_tokens{{model_name="tagged"}} {state["kv_tokens"]}\n')
         return web.Response(text=text, content_type="text/plain")
 
     async def set_usage(request: web.Request) -> web.Response:
@@ -72,6 +76,8 @@ def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Applicatio
             state["usage"] = float(body["value"])
         if "retractions" in body:
             state["retractions"] = float(body["retractions"])
+        if "kv_tokens" in body:
+            state["kv_tokens"] = float(body["kv_tokens"])
         return web.json_response({"value": state["usage"], "fail": state["fail"]})
 
     async def health(request: web.Request) -> web.Response:

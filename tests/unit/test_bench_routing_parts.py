@@ -13,6 +13,7 @@ from rollout.devtools.bench.routing import (
     metrics_delta,
     parse_worker_metrics,
     row_overrides,
+    row_plan,
     targets,
 )
 from rollout.devtools.local.kvmodel import KVModel, KVParams
@@ -68,13 +69,17 @@ def test_make_row_and_targets():
     assert ca["hit_ratio"] == pytest.approx(0.75) and ca["ideal_hit_ratio"] == pytest.approx(0.9)
     assert ca["imbalance"] == pytest.approx(1.5) and ca["episodes_per_s"] == 2.0 and ca["prefill_lost"] == 0.0
     off = make_row("group", False, [_w(1000, 880, 20, 200, 40), _w(1000, 880, 20, 200, 40)], (1800, 2000), 20, 10.0)
-    on = make_row("group", True, [_w(1000, 880, 21, 120, 0), _w(1000, 880, 19, 120, 0)], (1800, 2000), 20, 8.0)
+    on = make_row("group", True, [_w(1000, 880, 21, 120, 0), _w(1000, 880, 19, 120, 0)], (1800, 2000), 20, 8.0, placement="gate")
+    slow = make_row("group", True, [_w(1000, 880, 21, 120, 0), _w(1000, 880, 19, 120, 0)], (1800, 2000), 20, 12.0, placement="router")
     assert off["prefill_lost"] == pytest.approx(0.2) and on["imbalance"] == pytest.approx(1.05)
-    lines = targets([ca, off, on])
+    assert off["placement"] is None and on["placement"] == "gate"
+    lines = targets([ca, off, on, slow])
     assert lines[0].endswith(": met") and "0.978 x ideal" in lines[0]  # 0.88 / 0.9
     assert lines[1].endswith(": met")
-    assert any(x.startswith("group:") and x.endswith(": met") for x in lines)
-    assert "cache_aware" in format_table([ca, off, on])
+    assert any(x.startswith("group (placement gate):") and x.endswith(": met") for x in lines)
+    assert any(x.startswith("group (placement router):") and x.endswith(": NOT met") for x in lines)  # no loss, but slower
+    table = format_table([ca, off, on, slow])
+    assert "cache_aware" in table and "gate" in table and "router" in table
 
 
 def test_row_overrides_name_the_routing_keys():
@@ -82,3 +87,14 @@ def test_row_overrides_name_the_routing_keys():
     assert "policy.routing=group" in ov and "local.router_policy=auto" in ov
     assert "pool.adaptive_concurrency.enabled=true" in ov and "pool.max_concurrent_episodes=256" in ov
     assert set(ROUTINGS) == {"round_robin", "cache_aware", "episode", "group"}
+    assert "pool.adaptive_concurrency.placement=router" in ov
+    assert "pool.adaptive_concurrency.placement=gate" in row_overrides("group", True, 4, 512, 2, 8, "/tmp/x", placement="gate")
+
+
+def test_the_row_plan_places_only_keyed_rows_with_the_gate():
+    both = row_plan(["round_robin", "group"], [False, True], "both")
+    assert both == [("round_robin", False, None), ("round_robin", True, "router"),
+                    ("group", False, None), ("group", True, "router"), ("group", True, "gate")]
+    auto = row_plan(["cache_aware", "episode"], [True], "auto")
+    assert auto == [("cache_aware", True, "router"), ("episode", True, "gate")]
+    assert row_plan(["round_robin", "episode"], [True], "gate") == [("round_robin", True, "router"), ("episode", True, "gate")]

@@ -55,7 +55,7 @@ def test_the_schema_declares_the_closed_choices_as_enums():
         "env.user.kind", "env.evaluator", "policy.on_parse_error", "policy.on_length", "local.backend",
         "logging.level", "logging.tau2_level", "rollout.partial_rollout", "rollout.on_stale", "rollout.filter_groups",
         "rollout.on_group_failure", "rollout.sample_mode", "pool.event_loop", "local.event_loop", "policy.history",
-        "policy.routing", "local.router_policy", "pool.adaptive_concurrency.signal",
+        "policy.routing", "local.router_policy", "pool.adaptive_concurrency.signal", "pool.adaptive_concurrency.placement",
     }
     assert [k for k, _, nullable in CHOICES if nullable] == ["rollout.filter_groups"]
     assert EventLoop.values() == EVENT_LOOPS  # one list of loops (rollout.core.eventloop's)

@@ -11,7 +11,7 @@ import pytest
 
 from rollout.core.config import ConfigError, config_from_dict, load_config
 from rollout.core.policy import SGLangClient
-from rollout.core.policy.kvgate import parse_token_usage
+from rollout.core.policy.kvreadings import parse_token_usage
 from rollout.devtools.local.stack import router_policy_args
 
 LOCAL = ["local.enabled=true"]
@@ -27,12 +27,12 @@ def test_defaults():
 def test_the_section_round_trips_through_to_dict():
     cfg = load_config(None, [*LOCAL, "pool.adaptive_concurrency.enabled=true", "pool.adaptive_concurrency.high_water=0.8",
                              "pool.adaptive_concurrency.low_water=0.6", "pool.adaptive_concurrency.signal=mean",
-                             "pool.adaptive_concurrency.worker_urls=[http://a:1,http://b:2]", "policy.routing=episode",
+                             "pool.adaptive_concurrency.placement=gate", "pool.adaptive_concurrency.worker_urls=[http://a:1,http://b:2]", "policy.routing=episode",
                              "local.router_policy=round_robin"])
     d = cfg.to_dict()
     assert d["pool"]["adaptive_concurrency"] == {"enabled": True, "high_water": 0.8, "low_water": 0.6, "poll_interval_s": 0.5,
                                                  "timeout_s": 2.0, "signal": "mean", "start_calls_per_worker": 4, "decrease_factor": 0.5,
-                                                 "worker_urls": ["http://a:1", "http://b:2"]}
+                                                 "placement": "gate", "worker_urls": ["http://a:1", "http://b:2"]}
     assert d["policy"]["routing"] == "episode" and d["local"]["router_policy"] == "round_robin"
     assert config_from_dict(d).to_dict() == d
 

@@ -1,94 +1,97 @@
 """KV-aware concurrency: hold ``/generate`` calls while the workers' KV cache is nearly full.
 
-SGLang admits requests until its KV pool is full and then *retracts* running requests (they go
-back to the queue and their prefill is redone later: the work spent on it is thrown away). A
-rollout pool that keeps ``pool.max_concurrent_episodes`` episodes in flight per actor whatever the
-servers' state pushes them there whenever contexts grow long. prime-rl's orchestrator grows and
-trims its in-flight rollouts from the inference servers' KV pressure, and verl's RFC #6383 asks for
-the same (issue 23's anchors); this module is our version of the idea, kept to one signal and two
-marks.
+SGLang admits requests until its KV pool is full and then *retracts* running requests (they go back
+to the queue and their prefill is redone later: the work spent on it is thrown away). A rollout
+pool that keeps ``pool.max_concurrent_episodes`` episodes in flight per actor whatever the servers'
+state pushes them there whenever contexts grow long. prime-rl's orchestrator grows and trims its
+in-flight rollouts from the inference servers' KV pressure, and verl's RFC #6383 asks for the same
+(issue 23's anchors); this module is our version of the idea, kept to one signal and two marks.
 
 :class:`KVGate` is one per actor, shared by all its episodes. A poller task reads each worker's
-``/metrics`` every ``poll_interval_s`` seconds and takes SGLang's gauge ``sglang:token_usage``
-(the share of the KV pool in use, 0..1; several samples of it, e.g. one per data-parallel rank,
-count as their maximum). The workers' readings become one figure by ``signal`` (``max``: the
-fullest worker; ``mean``). The gate closes when that figure reaches ``high_water`` and opens
-again once it is below ``low_water`` (hysteresis: between the marks it stays as it was).
-:class:`~rollout.core.policy.sglang.SGLangClient` awaits :meth:`KVGate.wait` before each
-``/generate`` attempt, so a closed gate holds both an episode's first call (a new episode) and
-every later turn; calls already out go on. ``pool.max_concurrent_episodes`` stays the upper bound:
-the gate only ever holds calls back.
+``/metrics`` every ``poll_interval_s`` seconds and takes SGLang's gauge ``sglang:token_usage`` (the
+share of the KV pool in use, 0..1; several samples of it, e.g. one per data-parallel rank, count as
+their maximum). The workers' readings become one figure by ``signal`` (``max``: the fullest worker;
+``mean``). The gate closes when that figure reaches ``high_water`` and opens again once it is below
+``low_water`` (hysteresis: between the marks it stays as it was).
+:class:`~rollout.core.policy.sglang.SGLangClient` takes a :class:`Ticket` from
+:meth:`KVGate.acquire` before each ``/generate`` attempt and gives it back after, so a closed gate
+holds both an episode's first call (a new episode) and every later turn; calls already out go on.
+``pool.max_concurrent_episodes`` stays the upper bound: the gate only ever holds calls back.
 
 Open, the gate still caps the actor's calls in flight (additive increase, multiplicative decrease,
 as TCP's congestion window): when the gate opens, held calls go out at most ``limit`` at a time
-instead of all at once (a first version released every held call together and refilled the
-servers' KV at once: ``python -m rollout.bench routing`` measured 8-33% of prefill still lost with
-the gate on). The limit starts at ``start_calls_per_worker`` x workers at the first reading, grows
-by one call per worker per poll while the figure is below ``low_water`` and the cap binds, and is
-cut by ``decrease_factor`` (at most every other poll) when the gate closes or when the workers'
+instead of all at once (a first version released every held call together and refilled the servers'
+KV at once: ``python -m rollout.bench routing`` measured 8-33% of prefill still lost with the gate
+on). The limit starts at ``start_calls_per_worker`` x workers at the first reading, grows by one
+call per worker per poll while the figure is below ``low_water`` and the cap binds, and is cut by
+``decrease_factor`` (at most every other poll) when the gate closes or when the workers'
 ``sglang:num_retracted_requests_total`` grew since the last poll (a retraction is the waste the
-gate exists to prevent, and the servers report it before the usage figure shows why); it never
-goes below one call per worker. Unknown readings lift the cap, as they open the gate.
+gate exists to prevent, and the servers report it before the usage figure shows why); it never goes
+below one call per worker. Unknown readings lift the cap, as they open the gate.
 
 The call cap alone learns only from retractions, after the waste. Where the workers report their KV
 pool's size (SGLang's ``sglang:max_total_num_tokens``), the gate also reserves KV tokens before it
-admits a call: a call reserves its prompt plus the tokens it is expected to generate (twice the
-mean of this actor's last answers, ``max_new_tokens`` until 8 answers are known; capped by
-``max_new_tokens``), and the actor's reservations stay within its share (``share``, one actor's
-part of the pool: 1 / ``pool.num_actors``) of ``high_water`` x the workers' KV tokens, the way
-SGLang's scheduler reserves room for a request's decode before admitting it. A call is always
-admitted when the actor has none out (a prompt larger than the share is not starved).
+admits a call: a call reserves its prompt plus the tokens it is expected to generate (the 90th
+percentile of this actor's last 256 answer lengths, ``max_new_tokens`` until 8 answers are known; a
+first version reserved twice their mean, which the routing bench found held a worker to fewer
+running requests than its KV holds while losing nothing more; capped by ``max_new_tokens``), and
+the actor's reservations stay within its share (``share``, one actor's part of the pool: 1 /
+``pool.num_actors``) of ``high_water`` x the workers' KV tokens, the way SGLang's scheduler
+reserves room for a request's decode before admitting it. A call is always admitted when the actor
+has none out (a prompt larger than the share is not starved).
 
-Failures never stall the pool: a worker whose ``/metrics`` cannot be read (refused, timed out,
-not 200, no ``sglang:token_usage`` sample) has an unknown reading and is left out of the figure;
-with no reading at all the figure is unknown and the gate opens (nothing is held on a guess). Each
+**Placement.** Under ``placement=router`` the router picks each call's worker, so the gate can only
+treat the workers as one KV pool: a reservation made against the pool may land on a worker that is
+already full, and under ``policy.routing=group`` (a whole group on one worker) it often does;
+``python -m rollout.bench routing`` measured 3-14% of prefill still lost with the gate on, and
+34-40% fewer episodes/s. Under ``placement=gate`` (the default) the gate picks the worker itself,
+so every part of it works per worker: each actor has its own part of the workers
+(:func:`~rollout.core.policy.kvslots.my_workers`: with at least as many workers as actors, each
+worker belongs to one actor, which may reserve all its KV), one
+:class:`~rollout.core.policy.kvslots.Slot` per worker holds the hysteresis, the cap and the
+reservation of that worker alone, a routing key (``policy.routing``: the group or episode id) is
+placed at its first call on a worker of this actor's part that has room for it in its KV share and
+cap now, the one with the fewest keys (:meth:`KVGate._choose`), and stays there (the
+:data:`KEYS_KEPT` keys used last are remembered); the client posts the call to that worker's
+``/generate`` directly. One full worker then holds only its own keys' calls, and a new key goes to
+a worker with room rather than queueing behind a full one. The router still lists the workers
+(``GET /workers``) and serves aborts and weight updates; a call refused in transport by its worker
+(:meth:`KVGate.lost`) takes that worker out of placement until its ``/metrics`` reads again and
+moves its keys, so the retry goes to another worker. This is the client-side sticky routing verl's
+``AsyncLLMServerManager`` and SkyRL's inference client do, with KV room deciding which workers may
+take a new key. With no worker known the call goes to the router, not held.
+
+Failures never stall the pool: a worker whose ``/metrics`` cannot be read (refused, timed out, not
+200, no ``sglang:token_usage`` sample) has an unknown reading and is left out of the figure; with
+no reading at all the figure is unknown and the gate opens (nothing is held on a guess). Each
 worker's failure is logged once (WARNING) until it reads again (INFO).
 
-Which workers: ``worker_urls`` from the config, else the workers the router lists
-(``GET /workers``, sglang-router 0.3.2's answer ``{"workers": [{"url", ...}]}``), re-read every
-:data:`WORKERS_REFRESH_POLLS` polls and whenever the list could not be read.
+Which workers: ``worker_urls`` from the config, else the workers the router lists (``GET
+/workers``, sglang-router 0.3.2's answer ``{"workers": [{"url", ...}]}``), re-read every
+:data:`~rollout.core.policy.kvreadings.WORKERS_REFRESH_POLLS` polls and whenever the list could not
+be read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
-import math
-import operator
 import time
 from typing import Callable
 
 import aiohttp
 
 from rollout.core.adaptive import AdaptiveConcurrencyConfig
-from rollout.core.choices import KVSignal
-from rollout.core.policy.auth import auth_headers, describe_error
-from rollout.core.policy.protocol import PolicyServerError
-from rollout.core.telemetry import promtext
+from rollout.core.choices import KVSignal, Placement
+from rollout.core.policy.kvreadings import WorkerReader
+from rollout.core.policy.kvslots import AnswerLengths, Slot, Ticket, my_workers
+
+__all__ = ["KEYS_KEPT", "KVGate", "Ticket"]
 
 logger = logging.getLogger(__name__)
 
-TOKEN_USAGE = "sglang:token_usage"  # SGLang's gauge: KV tokens in use / KV pool size (0..1)
-RETRACTIONS = "sglang:num_retracted_requests_total"  # SGLang's counter of retracted requests
-KV_TOKENS = "sglang:max_total_num_tokens"  # SGLang's gauge: the KV pool's size in tokens
-EXPECTED_AFTER = 8  # answers seen before the expected answer length replaces max_new_tokens
-WORKERS_REFRESH_POLLS = 30  # polls between two reads of the router's worker list
-
-
-def parse_token_usage(text: str) -> float | None:
-    """The ``sglang:token_usage`` of a Prometheus text exposition: the largest value among its
-    samples (any labels), or ``None`` when it has none that parses as a finite number."""
-    return metric(promtext.parse(text, TOKEN_USAGE, strict=False), TOKEN_USAGE, max)
-
-
-def metric(samples: list[promtext.Sample], name: str, combine: Callable[[float, float], float]) -> float | None:
-    """Metric ``name`` among parsed ``samples``: its finite values (any labels) combined by
-    ``combine`` (e.g. ``max`` for a gauge per rank, ``operator.add`` for a counter per rank), or
-    ``None`` when it has none."""
-    values = [s.value for s in promtext.select(samples, name) if math.isfinite(s.value)]
-    return functools.reduce(combine, values) if values else None
+KEYS_KEPT = 65536  # placement=gate: routing keys remembered (least recently used forgotten first)
 
 
 class KVGate:
@@ -96,19 +99,25 @@ class KVGate:
 
     Args:
         cfg: ``pool.adaptive_concurrency`` (``high_water``, ``low_water``, ``poll_interval_s``,
-            ``timeout_s``, ``signal``, ``worker_urls``).
+            ``timeout_s``, ``signal``, ``placement``, ``worker_urls``, ...).
         session: the actor's aiohttp session (used for ``/metrics`` and ``/workers``).
         list_workers: coroutine function listing the worker URLs (the router's ``GET /workers``:
             :meth:`~rollout.core.policy.admin.RouterAdmin.worker_urls`); unused when
             ``cfg.worker_urls`` is set.
         api_key: sent as ``Authorization: Bearer`` on ``/metrics`` reads (SGLang exempts
             ``/metrics`` from its key; a proxy may not).
-        share: this actor's part of the workers' KV (1 / ``pool.num_actors``), in (0, 1].
+        actor: this actor's index in the pool, in ``[0, actors)``; actors: ``pool.num_actors``.
+            ``placement=router``: the actor reserves ``1 / actors`` of the workers' KV.
+            ``placement=gate``: the workers, sorted by URL, are split among the actors
+            (:func:`~rollout.core.policy.kvslots.my_workers`): with at least as many workers as
+            actors, worker ``w`` is used by actor ``w % actors`` alone (all its KV); with fewer,
+            actor ``a`` uses worker ``a % workers``, sharing its KV with the other actors that do.
 
     Raises:
-        ValueError: ``share`` outside (0, 1].
+        ValueError: ``actor`` outside ``[0, actors)``.
 
-    Attributes:
+    Attributes (under ``placement=gate`` each is the sum, or for ``usage`` the maximum, over the
+    workers; ``closed`` is True when every worker is closed):
         closed: whether calls are held now (the figure passed ``high_water`` and has not yet
             fallen below ``low_water``).
         limit: the cap on this actor's calls in flight while open (``None``: no cap, before the
@@ -121,93 +130,183 @@ class KVGate:
         usage: the last figure (share of the KV budget), ``None`` if unknown.
         readings: worker URL -> its last reading (``None``: unknown).
         holds: times the gate closed; held_s: seconds calls waited in all (summed over calls).
-        polls: polls done.
+        polls: polls done. placed: routing key -> worker URL (``placement=gate``, the
+            :data:`KEYS_KEPT` keys used last).
     """
 
     def __init__(self, cfg: AdaptiveConcurrencyConfig, session: aiohttp.ClientSession,
                  list_workers: Callable[[], "asyncio.Future[list[str]] | object"] | None = None,
-                 api_key: str | None = None, share: float = 1.0) -> None:
-        if not 0 < share <= 1:
-            raise ValueError(f"share must be in (0, 1], got {share}")
+                 api_key: str | None = None, actor: int = 0, actors: int = 1) -> None:
+        if not 0 <= actor < actors:
+            raise ValueError(f"actor must be in [0, {actors}), got {actor}")
         self.cfg = cfg
-        self.share = share
-        self.token_cap: float | None = None
-        self.reserved = 0
-        self._answers = 0
-        self._answer_tokens = 0
+        self.actor, self.actors = actor, actors
+        self.share = 1.0 / actors  # placement=router: this actor's part of the workers' KV
+        self.per_worker = cfg.placement == Placement.GATE
+        self.answers = AnswerLengths()
         self.session = session
-        self._list_workers = list_workers
-        self._headers = auth_headers(api_key)
-        self._api_key = api_key
-        self._open = asyncio.Event()
-        self._open.set()
+        self._reader = WorkerReader(session, cfg.timeout_s, cfg.worker_urls, list_workers, api_key)
         self._first = asyncio.Event()  # set once the first poll is done: calls wait for it
         self._task: asyncio.Task | None = None
-        self._urls: list[str] = [u.rstrip("/") for u in cfg.worker_urls] if cfg.worker_urls else []
-        self._failing: set[str] = set()
-        self._list_failed = False
-        self.usage: float | None = None
         self.readings: dict[str, float | None] = {}
-        self.holds = 0
         self.held_s = 0.0
         self.polls = 0
-        self.limit: int | None = None
-        self.in_flight = 0
-        self.retractions: float | None = None
-        self.cuts = 0
-        self._workers_known = 1
-        self._last_cut = -2  # poll number of the last cut
-        self._waiters: collections.deque[tuple[asyncio.Future, int]] = collections.deque()
+        self._pool = Slot(None, self.share)  # placement=router: all workers as one
+        self._slots: dict[str, Slot] = {}  # placement=gate: one per worker
+        self.placed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._unplaced: collections.deque[tuple[asyncio.Future, int, str | None]] = collections.deque()
+
+    # ------------------------------------------------------------------ the figures, summed
+    def _all(self) -> list[Slot]:
+        return list(self._slots.values()) if self.per_worker else [self._pool]
 
     @property
     def closed(self) -> bool:
-        """Whether calls are held now."""
-        return not self._open.is_set()
+        """Whether calls are held now (``placement=gate``: by every worker)."""
+        slots = self._all()
+        return bool(slots) and all(s.closed for s in slots)
+
+    @property
+    def usage(self) -> float | None:
+        known = [s.usage for s in self._all() if s.usage is not None]
+        return max(known) if known else None
+
+    @property
+    def limit(self) -> int | None:
+        limits = [s.limit for s in self._all()]
+        return None if not limits or any(x is None for x in limits) else sum(limits)  # type: ignore[misc]
+
+    @property
+    def token_cap(self) -> float | None:
+        caps = [s.token_cap for s in self._all()]
+        return None if not caps or any(x is None for x in caps) else sum(caps)  # type: ignore[misc]
+
+    @property
+    def retractions(self) -> float | None:
+        counts = [s.retractions for s in self._all() if s.retractions is not None]
+        return sum(counts) if counts else None
+
+    in_flight = property(lambda self: sum(s.in_flight for s in self._all()), doc="Calls holding a slot.")
+    reserved = property(lambda self: sum(s.reserved for s in self._all()), doc="KV tokens reserved by the calls out.")
+    cuts = property(lambda self: sum(s.cuts for s in self._all()), doc="Times a cap was cut.")
+    holds = property(lambda self: sum(s.holds for s in self._all()), doc="Times a worker (or the pool) closed.")
 
     def start(self) -> None:
-        """Start the poller on the running loop (idempotent; :meth:`wait` calls it)."""
+        """Start the poller on the running loop (idempotent; :meth:`acquire` calls it)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="kv-gate-poller")
 
     def cost(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        """KV tokens a call reserves: its prompt plus the answer expected (twice the mean of this
-        actor's answers once :data:`EXPECTED_AFTER` are known, else ``max_new_tokens``; at most
-        ``max_new_tokens``)."""
-        if self._answers >= EXPECTED_AFTER:
-            expected = min(max_new_tokens, math.ceil(2 * self._answer_tokens / self._answers))
-        else:
-            expected = max_new_tokens
-        return max(0, int(prompt_tokens)) + max(0, int(expected))
+        """KV tokens a call reserves (:meth:`AnswerLengths.cost` of this actor's answers)."""
+        return self.answers.cost(prompt_tokens, max_new_tokens)
 
-    def _admits(self, cost: int = 0) -> bool:
-        if not self._open.is_set():
-            return False
-        if self.limit is not None and self.in_flight >= self.limit:
-            return False
-        return self.token_cap is None or self.in_flight == 0 or self.reserved + cost <= self.token_cap
+    # ------------------------------------------------------------------ placement
+    def _slot_of(self, key: str | None) -> Slot | None:
+        """The slot a call of ``key`` waits for: the pool's, its worker's, or None (not placed)."""
+        if not self.per_worker:
+            return self._pool
+        if key is not None and key in self.placed:
+            self.placed.move_to_end(key)
+            return self._slots.get(self.placed[key])
+        return None
+
+    def _choose(self, cost: int) -> Slot | None:
+        """The worker for a new key: among those that admit ``cost`` now (room in their KV share
+        and cap), have nobody waiting and are not down, the one with the fewest keys placed (the
+        keys of a workload are alike, so their count is the load a worker has been given, and each
+        worker's prefix cache holds the same number of keys; ties: the most KV room left, then
+        the fewest calls out), read workers first; None when none admits."""
+        best = None
+        for s in self._slots.values():
+            if s.down or s.waiters or not s.admits(cost):
+                continue
+            rank = (s.usage is not None, -s.keys, s.room() - cost, -s.in_flight)
+            if best is None or rank > best[0]:
+                best = (rank, s)
+        return best[1] if best is not None else None
+
+    def _place(self, key: str | None, slot: Slot) -> None:
+        if key is None:
+            return
+        old = self.placed.pop(key, None)
+        if old is not None and old in self._slots:
+            self._slots[old].keys -= 1
+        self.placed[key] = slot.url  # type: ignore[assignment]
+        slot.keys += 1
+        while len(self.placed) > KEYS_KEPT:  # the least recently used key is forgotten (placed afresh if it comes back)
+            _, url = self.placed.popitem(last=False)
+            if url in self._slots:
+                self._slots[url].keys -= 1
+
+    def _unplace(self, url: str) -> None:
+        for key in [k for k, u in self.placed.items() if u == url]:
+            del self.placed[key]
+        if url in self._slots:
+            self._slots[url].keys = 0
+
+    def lost(self, ticket: Ticket) -> None:
+        """The call sent with ``ticket`` failed in transport (refused, reset): its worker is
+        taken out of placement until its ``/metrics`` reads again, and the keys placed on it are
+        placed afresh at their next call (``placement=gate``; no-op otherwise)."""
+        slot = ticket._slot
+        if not self.per_worker or slot.url is None or slot.url not in self._slots:
+            return
+        if not slot.down:
+            logger.warning("KV gate: a call to %s failed in transport; its keys move to other workers until it "
+                           "reads again", slot.url)
+        slot.down = True
+        self._unplace(slot.url)
 
     def _wake(self) -> None:
-        """Hand free slots to the oldest waiters (FIFO), as many as the gate admits."""
-        while self._waiters:
-            fut, cost = self._waiters[0]
+        """Hand free slots to the oldest waiters (FIFO per worker; then new keys, each to the
+        worker :meth:`_choose` names), as many as the gate admits."""
+        for slot in self._all():
+            while slot.waiters:
+                fut, cost = slot.waiters[0]
+                if fut.done():
+                    slot.waiters.popleft()
+                    continue
+                if not slot.admits(cost):
+                    break
+                slot.waiters.popleft()
+                slot.grant(fut, cost)
+        while self._unplaced:
+            fut, cost, key = self._unplaced[0]
             if fut.done():
-                self._waiters.popleft()
+                self._unplaced.popleft()
                 continue
-            if not self._admits(cost):
+            slot = self._slot_of(key)
+            if slot is not None:  # another call of its key was placed meanwhile: it follows
+                self._unplaced.popleft()
+                if not slot.waiters and slot.admits(cost):
+                    slot.grant(fut, cost)
+                else:
+                    slot.waiters.append((fut, cost))
+                continue
+            if not self._slots:  # no worker known (any more): the router, unheld
+                self._unplaced.popleft()
+                self._pool.grant(fut, cost)
+                continue
+            slot = self._choose(cost)
+            if slot is None:
                 break
-            self._waiters.popleft()
-            self.in_flight += 1
-            self.reserved += cost
-            fut.set_result(None)
+            self._unplaced.popleft()
+            self._place(key, slot)
+            slot.grant(fut, cost)
 
-    async def acquire(self, cost: int = 0) -> float:
-        """Take a slot for one ``/generate`` attempt, waiting while the gate is closed or the
-        actor's calls in flight are at :attr:`limit` or its reserved KV tokens would pass
-        :attr:`token_cap` (FIFO); ``cost``: the call's KV tokens (:meth:`cost`). Returns the
-        seconds waited (0.0 when admitted at once). The first calls also wait for the first poll (bounded by
-        ``timeout_s`` per read), so that a pool starting against full workers does not send its
-        first turns blind. Every successful ``acquire`` must be paired with
-        :meth:`release` of the same cost.
+    # ------------------------------------------------------------------ acquire / release
+    async def acquire(self, cost: int = 0, key: str | None = None) -> Ticket:
+        """Take a slot for one ``/generate`` attempt of routing key ``key`` with ``cost`` KV
+        tokens (:meth:`cost`), waiting (FIFO) while its worker (``placement=router``: the pool)
+        is closed, its calls in flight are at the cap, or its reserved KV tokens would pass the
+        cap. Under ``placement=gate`` a key not placed yet goes to the first worker that has room
+        for it (:meth:`_choose`) and stays there; with no worker known it goes to the router, not held.
+        The first calls also wait for the first poll (bounded by ``timeout_s`` per read), so
+        that a pool starting against full workers does not send its first turns blind. Every
+        ticket must be given back with :meth:`release`.
+
+        Returns:
+            the :class:`Ticket`: where to send the call, and the seconds waited.
 
         Raises:
             asyncio.CancelledError: the caller was cancelled while waiting (no slot is kept).
@@ -215,148 +314,118 @@ class KVGate:
         self.start()
         if not self._first.is_set():  # (not counted as held: the gate has not judged yet)
             await self._first.wait()
-        if not self._waiters and self._admits(cost):
-            self.in_flight += 1
-            self.reserved += cost
-            return 0.0
+        slot = self._slot_of(key)
+        if slot is None and not self._slots:  # placement=gate with no worker known: the router, unheld
+            self._pool.in_flight += 1
+            self._pool.reserved += cost
+            return Ticket(None, cost, 0.0, self._pool)
+        if slot is not None and not slot.waiters and slot.admits(cost):
+            slot.in_flight += 1
+            slot.reserved += cost
+            return Ticket(slot.url, cost, 0.0, slot)
+        if slot is None and not self._unplaced:
+            slot = self._choose(cost)
+            if slot is not None:
+                self._place(key, slot)
+                slot.in_flight += 1
+                slot.reserved += cost
+                return Ticket(slot.url, cost, 0.0, slot)
+            slot = None
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append((fut, cost))
+        if slot is not None:
+            slot.waiters.append((fut, cost))
+        else:
+            self._unplaced.append((fut, cost, key))
         t0 = time.monotonic()
         try:
-            await fut
+            granted = await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # granted just as it was cancelled: give it back
-                self.release(cost)
+                self.release(Ticket(None, cost, 0.0, fut.result()))
             else:
                 fut.cancel()
             raise
         waited = time.monotonic() - t0
         self.held_s += waited
-        return waited
+        return Ticket(granted.url, cost, waited, granted)
 
-    def release(self, cost: int = 0, generated: int | None = None) -> None:
-        """Give back a slot taken by :meth:`acquire` with ``cost`` (the attempt ended, however);
-        ``generated``: the tokens it generated, when it answered (they teach :meth:`cost`)."""
-        self.in_flight = max(0, self.in_flight - 1)
-        self.reserved = max(0, self.reserved - cost)
+    def release(self, ticket: Ticket, generated: int | None = None) -> None:
+        """Give back ``ticket`` (its attempt ended, however); ``generated``: the tokens it
+        generated, when it answered (they teach :meth:`cost`)."""
+        slot = ticket._slot
+        slot.in_flight = max(0, slot.in_flight - 1)
+        slot.reserved = max(0, slot.reserved - ticket.cost)
         if generated is not None:
-            self._answers += 1
-            self._answer_tokens += generated
+            self.answers.add(generated)
         self._wake()
 
     async def wait(self) -> float:
         """Wait until the gate would admit a call, without keeping a slot (:meth:`acquire` then
         :meth:`release`); returns the seconds waited."""
-        held = await self.acquire()
-        self.release()
-        return held
+        ticket = await self.acquire()
+        self.release(ticket)
+        return ticket.waited
 
-    def _cut(self) -> None:
-        if self.limit is None or self.polls - self._last_cut < 2:
-            return
-        floor = self._workers_known
-        self.limit = max(floor, int(min(self.limit, max(self.in_flight, floor)) * self.cfg.decrease_factor))
-        self._last_cut = self.polls
-        self.cuts += 1
-
+    # ------------------------------------------------------------------ readings
     def update(self, usage: float | None, retractions: float | None = None, kv_tokens: float | None = None) -> None:
-        """Apply one figure: close at ``>= high_water``, open below ``low_water`` or when unknown;
-        and adjust :attr:`limit` (see the module docstring). ``retractions``: the workers'
-        retraction counter now (``None``: not reported); ``kv_tokens``: their KV pools' size in
-        tokens (``None``: not reported; no token reservation)."""
-        self.usage = usage
-        self.token_cap = None if kv_tokens is None or usage is None else self.share * self.cfg.high_water * kv_tokens
-        retracted = (retractions is not None and self.retractions is not None and retractions > self.retractions)
-        self.retractions = retractions
-        if usage is None:
-            if self.closed:
-                logger.info("KV gate: no worker's KV usage can be read; held calls go on (unknown is never held)")
-            self._open.set()
-            self.limit = None
-            self._wake()
-            return
-        if self.limit is None:
-            self.limit = self.cfg.start_calls_per_worker * self._workers_known
-        if not self.closed and usage >= self.cfg.high_water:
-            self.holds += 1
-            self._open.clear()
-            self._cut()
-            logger.debug("KV gate closed: KV usage %.3f >= high water %.3f (limit %s)", usage, self.cfg.high_water, self.limit)
-        elif self.closed and usage < self.cfg.low_water:
-            self._open.set()
-            logger.debug("KV gate opened: KV usage %.3f < low water %.3f (limit %s)", usage, self.cfg.low_water, self.limit)
-        if retracted:
-            self._cut()
-        elif not self.closed and usage < self.cfg.low_water and self.in_flight + len(self._waiters) >= self.limit:
-            self.limit += self._workers_known  # additive increase, only while the cap binds
+        """Apply one figure for all workers as one (``placement=router``; :meth:`Slot.apply`) and
+        wake who it admits. ``retractions``: the workers' retraction counter now (``None``: not
+        reported); ``kv_tokens``: their KV pools' size in tokens (``None``: not reported; no
+        token reservation)."""
+        self._pool.apply(self.cfg, self.polls, usage, retractions, kv_tokens)
         self._wake()
 
+    def _sync_workers(self, urls: list[str]) -> None:
+        """``placement=gate``: one slot per worker of this actor's part (:func:`my_workers`); a
+        worker no longer in it loses its keys, and its waiters are placed afresh (ahead of the
+        new keys)."""
+        mine = my_workers(urls, self.actor, self.actors)
+        for url in [u for u in self._slots if u not in mine or self._slots[u].share != mine[u]]:
+            gone = self._slots.pop(url)
+            self._unplace(url)
+            for fut, cost in reversed(gone.waiters):
+                self._unplaced.appendleft((fut, cost, None))
+            if gone.in_flight:
+                logger.info("KV gate: worker %s left the router's list with %d calls out", url, gone.in_flight)
+        for url, share in mine.items():
+            self._slots.setdefault(url, Slot(url, share))
+
     async def poll_once(self) -> float | None:
-        """Read every worker once, apply the figure (:meth:`update`) and return it."""
-        urls = await self._workers()
-        triples = await asyncio.gather(*[self._read(u) for u in urls]) if urls else []
+        """Read every worker once, apply the readings and return the figure (``placement=gate``:
+        the fullest worker's usage)."""
+        urls = await self._reader.workers(self.polls)
+        triples = await asyncio.gather(*[self._reader.read(u) for u in urls]) if urls else []
         values = [v for v, _, _ in triples]
         self.readings = dict(zip(urls, values))
-        self._workers_known = max(1, len(urls))
-        readable = sum(v is not None for v in values)
-        counts = [c for v, c, _ in triples if v is not None and c is not None]
-        retractions = sum(counts) if counts and len(counts) == readable else None
-        sizes = [k for v, _, k in triples if v is not None and k is not None]
-        kv_tokens = sum(sizes) if sizes and len(sizes) == readable else None
-        known = [v for v in values if v is not None]
-        if not known:
-            figure = None
-        elif self.cfg.signal == KVSignal.MEAN:
-            figure = sum(known) / len(known)
-        else:
-            figure = max(known)
         self.polls += 1
-        self.update(figure, retractions, kv_tokens)
+        if self.per_worker:
+            self._sync_workers(urls)
+            for url, reading in zip(urls, triples):
+                slot = self._slots.get(url)
+                if slot is None:  # another actor's worker
+                    continue
+                if reading.usage is not None:
+                    slot.down = False  # it reads again: keys may be placed on it
+                slot.apply(self.cfg, self.polls, *reading, unplaced=len(self._unplaced))
+            self._wake()
+            figure = self.usage
+        else:
+            self._pool.workers = max(1, len(urls))
+            readable = sum(v is not None for v in values)
+            counts = [c for v, c, _ in triples if v is not None and c is not None]
+            retractions = sum(counts) if counts and len(counts) == readable else None
+            sizes = [k for v, _, k in triples if v is not None and k is not None]
+            kv_tokens = sum(sizes) if sizes and len(sizes) == readable else None
+            known = [v for v in values if v is not None]
+            if not known:
+                figure = None
+            elif self.cfg.signal == KVSignal.MEAN:
+                figure = sum(known) / len(known)
+            else:
+                figure = max(known)
+            self.update(figure, retractions, kv_tokens)
         self._first.set()
         return figure
-
-    async def _workers(self) -> list[str]:
-        if self.cfg.worker_urls or self._list_workers is None:
-            return self._urls
-        if self._urls and not self._list_failed and self.polls % WORKERS_REFRESH_POLLS:
-            return self._urls
-        try:
-            self._urls = [str(u).rstrip("/") for u in await self._list_workers()]  # type: ignore[misc]
-            if self._list_failed:
-                logger.info("KV gate: the router's worker list reads again (%d workers)", len(self._urls))
-            self._list_failed = False
-        except (PolicyServerError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            if not self._list_failed:
-                logger.warning("KV gate: cannot list the workers (%s); their KV usage is unknown meanwhile and "
-                               "nothing is held for it", describe_error(e, self._api_key))
-            self._list_failed = True
-        return self._urls
-
-    async def _read(self, url: str) -> tuple[float | None, float | None, float | None]:
-        """``(token usage, retraction counter, KV pool tokens)`` of one worker (each ``None`` when
-        not reported); ``(None, None, None)`` when unreadable."""
-        error = ""
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-            async with self.session.get(url + "/metrics", headers=self._headers, timeout=timeout) as r:
-                if r.status == 200:
-                    samples = promtext.parse(await r.text(errors="replace"), "sglang:", strict=False)  # once per read
-                    value = metric(samples, TOKEN_USAGE, max)
-                    if value is not None:
-                        if url in self._failing:
-                            self._failing.discard(url)
-                            logger.info("KV gate: %s/metrics reads again (%s %.3f)", url, TOKEN_USAGE, value)
-                        return value, metric(samples, RETRACTIONS, operator.add), metric(samples, KV_TOKENS, operator.add)
-                    error = f"no {TOKEN_USAGE} sample"
-                else:
-                    error = f"HTTP {r.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            error = describe_error(e, self._api_key) if not isinstance(e, asyncio.TimeoutError) else f"timed out after {self.cfg.timeout_s:g} s"
-        if url not in self._failing:
-            self._failing.add(url)
-            logger.warning("KV gate: cannot read %s/metrics (%s); its KV usage counts as unknown and nothing is held for it "
-                           "(logged once until it reads again)", url, error)
-        return None, None, None
 
     async def _poll_loop(self) -> None:
         while True:
@@ -366,23 +435,34 @@ class KVGate:
                 raise
             except Exception as e:  # a bug here must not hold the pool: open and go on polling
                 logger.exception("KV gate: poll failed (%r); the gate opens", e)
-                self.update(None)
+                for slot in self._all():
+                    slot.apply(self.cfg, self.polls, None, None, None)
+                self._wake()
                 self._first.set()
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def stats(self) -> dict:
         """``{"closed", "usage", "holds", "held_s", "polls", "workers", "limit", "in_flight", "waiting",
-        "cuts", "token_cap", "reserved"}`` for logs and :meth:`RolloutWorker.info`."""
-        return {"closed": self.closed, "usage": self.usage, "holds": self.holds, "held_s": round(self.held_s, 3),
-                "polls": self.polls, "workers": len(self.readings), "limit": self.limit, "in_flight": self.in_flight,
-                "waiting": len(self._waiters), "cuts": self.cuts, "token_cap": self.token_cap, "reserved": self.reserved}
+        "cuts", "token_cap", "reserved", "placement"}`` for logs and :meth:`RolloutWorker.info`;
+        under ``placement=gate`` also ``"keys"`` (keys placed) and ``"per_worker"`` (URL -> the same
+        figures for that worker, with ``"keys"`` and ``"down"``)."""
+        out = {"closed": self.closed, "usage": self.usage, "holds": self.holds, "held_s": round(self.held_s, 3),
+               "polls": self.polls, "workers": len(self.readings), "limit": self.limit, "in_flight": self.in_flight,
+               "waiting": sum(len(s.waiters) for s in self._all()) + len(self._unplaced), "cuts": self.cuts,
+               "token_cap": self.token_cap, "reserved": self.reserved, "placement": str(self.cfg.placement)}
+        if self.per_worker:
+            out["keys"] = len(self.placed)
+            out["per_worker"] = {url: s.stats() for url, s in self._slots.items()}
+        return out
 
     def close(self) -> None:
         """Stop the poller and open the gate (idempotent)."""
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        self._open.set()
         self._first.set()
-        self.limit = None
+        for slot in [*self._all(), self._pool]:
+            slot.closed = False
+            slot.limit = None
+            slot.token_cap = None
         self._wake()

@@ -201,12 +201,14 @@ class SGLangClient:
         try:
             while True:
                 epoch = 0
-                cost, gen = 0, None
+                ticket, gen, url = None, None, self.url
                 if self.kv_gate is not None:  # pool.adaptive_concurrency: held while the workers' KV is nearly full
-                    cost = self.kv_gate.cost(len(input_ids), max_new_tokens)
-                    held = await self.kv_gate.acquire(cost)  # a slot of the actor's capped calls and KV tokens
-                    if held:
-                        self.kv_held_s[routing_key] = self.kv_held_s.get(routing_key, 0.0) + held
+                    # a slot of the actor's capped calls and KV tokens (placement=gate: on the key's worker)
+                    ticket = await self.kv_gate.acquire(self.kv_gate.cost(len(input_ids), max_new_tokens), route)
+                    if ticket.waited:
+                        self.kv_held_s[routing_key] = self.kv_held_s.get(routing_key, 0.0) + ticket.waited
+                    if ticket.worker is not None:
+                        url = ticket.worker + "/generate"
                 try:
                     if self.gate is not None:
                         await self.gate.wait_open()
@@ -219,11 +221,13 @@ class SGLangClient:
                         body["rid"] = cur
                         self.inflight[routing_key] = cur
                         sent_at = time.monotonic()
-                        outcome, error, gen = await self._send(body, headers, timeout, cur, live)
+                        outcome, error, gen = await self._send(url, body, headers, timeout, cur, live)
                         latency_s = time.monotonic() - sent_at
+                        if outcome == "outage" and ticket is not None and ticket.worker is not None:
+                            self.kv_gate.lost(ticket)  # type: ignore[union-attr]  # its keys move to another worker
                 finally:
-                    if self.kv_gate is not None:
-                        self.kv_gate.release(cost, len(gen.ids) if gen is not None and gen.finish_type != "abort" else None)
+                    if ticket is not None:
+                        self.kv_gate.release(ticket, len(gen.ids) if gen is not None and gen.finish_type != "abort" else None)  # type: ignore[union-attr]
                 if gen is not None:
                     ended = breaker.record_success()
                     if ended is not None:
@@ -276,9 +280,10 @@ class SGLangClient:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
-    async def _send(self, body: dict, headers: dict, timeout: aiohttp.ClientTimeout, rid: str,
+    async def _send(self, url: str, body: dict, headers: dict, timeout: aiohttp.ClientTimeout, rid: str,
                     live: list[str]) -> tuple[str, str, Generation | None]:
-        """One attempt: ``("ok", "", gen)``, or ``(kind, error, None)`` with kind ``outage`` (a
+        """One attempt, posted to ``url`` (the router's ``/generate``, or a worker's under the KV
+        gate's ``placement=gate``): ``("ok", "", gen)``, or ``(kind, error, None)`` with kind ``outage`` (a
         transport-level failure: the backend may be down for every call) or ``retry`` (a failure
         of this request). Appends ``rid`` to ``live`` when the attempt may still be generating.
 
@@ -287,7 +292,7 @@ class SGLangClient:
         """
         try:
             # orjson: the body holds the whole prompt's ids, which json.dumps encodes 19x slower (docs/performance.md)
-            async with self.session.post(self.url, data=fastjson.dumps(body), timeout=timeout, headers=headers) as resp:
+            async with self.session.post(url, data=fastjson.dumps(body), timeout=timeout, headers=headers) as resp:
                 if resp.status != 200:
                     text = redact((await resp.text(errors="replace"))[:300], self._api_key)
                     msg = f"/generate answered {resp.status}: {text}"

@@ -136,7 +136,7 @@ class ActorSet:
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
                 own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms, adaptive_concurrency=p.adaptive_concurrency,
-                kv_share=1.0 / p.num_actors,  # its part of the servers' KV (the KV gate's token reservation)
+                kv_actor=(i, p.num_actors),  # its place among the actors (the KV gate's part of the servers' KV)
                 # its metrics, tagged with its index (made in the actor's process, kept by a restart)
                 recorder=RayRecorder({"domain": domain, "actor": str(i)}),
             )
