@@ -24,8 +24,20 @@ async def test_a_worker_records_its_episodes_calls_user_turns_and_tools(retail_s
     rec = MemoryRecorder({"domain": "retail", "actor": "7"})
     worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=2, recorder=rec)
     try:
-        results = await asyncio.gather(*[worker.run(EpisodeSpec(f"m/{t}", "retail", t, f"m/{t}", 0)) for t in ("0", "1", "2")])
+        # The episodes' /generate calls wait at the worker's gate until the lag probe (one sample
+        # per 50 ms, started by the first run) has sampled twice while they run: gold replay can
+        # end all three in under 100 ms, too soon for a second sample.
+        await worker.pause_generation()
+        runs = asyncio.gather(*[worker.run(EpisodeSpec(f"m/{t}", "retail", t, f"m/{t}", 0)) for t in ("0", "1", "2")])
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(rec.observations(R.LOOP_LAG)) < 2:
+            assert asyncio.get_running_loop().time() < deadline and not runs.done(), "the lag probe did not sample while the episodes ran"
+            await asyncio.sleep(0.01)
+        assert rec.value(R.EPISODES_RUNNING) == 2 and not runs.done()  # sampled while two ran (held), the third waiting for a slot
+        await worker.resume_generation()
+        results = await runs
     finally:
+        await worker.resume_generation()  # a failure while they were held: let them go
         await worker.close()
     assert [r.status for r in results] == [EpisodeStatus.COMPLETED] * 3
     samples = [r.to_sample() for r in results]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import threading
 import time
 import urllib.request
 
@@ -32,28 +33,52 @@ async def _stats(pool) -> dict:
     return await asyncio.to_thread(pool.stats)  # waits for the lock: for the step under way to end
 
 
-async def test_async_streams_deliver_each_episode_once_and_a_cancelled_step_loses_nothing(ray_cluster, retail_stack, retail):
-    """results_async: the consumer's task is cancelled mid-step until a cancelled step has
-    delivered an episode it did not hand out; the same iterator then goes on, and every episode
-    comes out once. groups_async: complete groups, every episode once."""
+class _HeldStep:
+    """Wraps the pool's ``ensure_result`` (what each slice of ``results_async`` runs in its worker
+    thread): its first call delivers an episode, waiting as long as that takes (not one slice),
+    then holds in the thread, the episode delivered and not handed out, until :attr:`release` is
+    set; later calls are the pool's own. The awaiting task is cancelled while it holds."""
+
+    def __init__(self, ensure):
+        self._ensure = ensure
+        self._first = True
+        self.delivered: bool | None = None
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, timeout_s):
+        if not self._first:
+            return self._ensure(timeout_s)
+        self._first = False
+        self.delivered = self._ensure(120)
+        self.holding.set()
+        if not self.release.wait(120):
+            raise TimeoutError("the held step was never released")
+        return self.delivered
+
+
+async def test_async_streams_deliver_each_episode_once_and_a_cancelled_step_loses_nothing(ray_cluster, retail_stack, retail, monkeypatch):
+    """results_async: the consumer's task is cancelled while its step holds an episode it has
+    delivered and not handed out; the same iterator then goes on, hands that episode out first
+    (no new delivery), and every episode comes out once. groups_async: complete groups, every
+    episode once."""
     ids = retail.task_ids("base")[:4]
     pool = await _start(_cfg(retail_stack.router_url))
+    held = _HeldStep(pool._streams.ensure_result)
+    monkeypatch.setattr(pool._streams, "ensure_result", held)  # before results_async, which binds it
     try:
         specs = pool.submit_tasks(ids)
         it = pool.results_async(timeout_s=120)
-        got, lost_to_cancel = [], 0
-        for _ in range(60):
-            task = asyncio.create_task(it.__anext__())
-            await asyncio.sleep(0.15)
-            task.cancel()
-            try:
-                got.append(await task)  # it ended before the cancellation
-            except asyncio.CancelledError:
-                pass
-            lost_to_cancel = (await _stats(pool))["episodes_delivered"] - len(got)
-            if lost_to_cancel:
-                break
-        assert lost_to_cancel == 1, "no cancelled step delivered an episode"
+        task = asyncio.create_task(it.__anext__())
+        assert await asyncio.to_thread(held.holding.wait, 120), "the first step delivered no episode"
+        assert held.delivered is True and not task.done()
+        task.cancel()  # the step is in its thread, holding the episode it delivered
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        held.release.set()
+        assert (await _stats(pool))["episodes_delivered"] == 1  # the cancelled step's, handed out to no one
+        got = [await it.__anext__()]
+        assert (await _stats(pool))["episodes_delivered"] == 1  # that one: handed out now, not a new delivery
         got += [r async for r in it]
         assert collections.Counter(r.spec.episode_id for r in got) == collections.Counter(s.episode_id for s in specs)
 
@@ -61,6 +86,7 @@ async def test_async_streams_deliver_each_episode_once_and_a_cancelled_step_lose
         groups = [g async for g in pool.groups_async(timeout_s=120)]
         assert pool.num_outstanding == 0 and not list(pool.excluded())
     finally:
+        held.release.set()  # a failure while the step held: let it end, or the shutdown waits for its lock
         await asyncio.to_thread(pool.shutdown)
     assert sorted(s.episode_id for g in groups for s in g) == sorted(s.episode_id for s in again)
     assert all([s.sample_index for s in g] == [0, 1] and len({s.group_id for s in g}) == 1 for g in groups)
