@@ -14,7 +14,7 @@ from aiohttp import web
 from support.tagged_worker import make_app
 
 from rollout.core.config import AdaptiveConcurrencyConfig, PolicyConfig
-from rollout.core.policy import SGLangClient
+from rollout.core.policy import PolicyServerError, SGLangClient
 from rollout.core.policy.kvgate import KVGate
 from rollout.devtools.local.stack import free_port
 
@@ -260,5 +260,28 @@ def test_placement_gate_keeps_each_key_on_one_worker_holds_per_worker_and_moves_
                 gate.close()
                 for r in runners.values():
                     await r.cleanup()
+
+    asyncio.run(main())
+
+
+def test_placement_gate_holds_nothing_when_every_worker_is_gone():
+    """Every worker refuses connections and its /metrics cannot be read: each refusal takes a worker
+    out of placement, and once every worker is out they all count again (unknown is never held), so
+    each retry goes out, fails, and the call ends as the client's own error after its retries
+    instead of waiting for a worker forever."""
+    async def main():
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+        async with aiohttp.ClientSession() as s:
+            gate = KVGate(dataclasses.replace(_cfg(dead, placement="gate"), timeout_s=0.2), s)
+            cfg = PolicyConfig(router_url="http://127.0.0.1:9", routing="episode", max_request_retries=3, backend_outage_timeout_s=60.0)
+            client = SGLangClient(cfg, s, kv_gate=gate)
+            try:
+                with pytest.raises(PolicyServerError):
+                    await asyncio.wait_for(client.generate([1] * 10, 4, rid="e@0", routing_key="e"), 30.0)
+                stats = gate.stats()
+                assert stats["in_flight"] == 0 and stats["waiting"] == 0
+                assert all(w["down"] for w in stats["per_worker"].values())  # each refused a call
+            finally:
+                gate.close()
 
     asyncio.run(main())

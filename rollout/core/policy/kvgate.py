@@ -216,10 +216,12 @@ class KVGate:
         and cap), have nobody waiting and are not down, the one with the fewest keys placed (the
         keys of a workload are alike, so their count is the load a worker has been given, and each
         worker's prefix cache holds the same number of keys; ties: the most KV room left, then
-        the fewest calls out), read workers first; None when none admits."""
+        the fewest calls out), read workers first; None when none admits. Workers that are down
+        count only when every worker is (then nothing is known, and nothing is held for it)."""
         best = None
+        all_down = all(s.down for s in self._slots.values())
         for s in self._slots.values():
-            if s.down or s.waiters or not s.admits(cost):
+            if (s.down and not all_down) or s.waiters or not s.admits(cost):
                 continue
             rank = (s.usage is not None, -s.keys, s.room() - cost, -s.in_flight)
             if best is None or rank > best[0]:
