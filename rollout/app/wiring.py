@@ -16,11 +16,11 @@ CLI (:mod:`rollout.app.cli`), evaluation, the benches and trainers use it alike:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -90,30 +90,12 @@ class _Timeline:
         self.data["phases"][name] = [start, self.now()]
 
 
-class _InThread:
-    """``fn()`` in a thread of its own, started now; :meth:`result` waits for it and re-raises."""
-
-    def __init__(self, fn, name: str):
-        self._error: BaseException | None = None
-        self.ended_at: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
-            self._error = e
-        finally:
-            self.ended_at = time.monotonic()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+def _timed(fn):
+    """``fn`` wrapped to return the monotonic time it ended at."""
+    def run() -> float:
+        fn()
+        return time.monotonic()
+    return run
 
 
 @contextlib.contextmanager
@@ -164,7 +146,8 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str 
     timeline = _Timeline(mode)
     LAST_STARTUP.clear()
     stack = None
-    stack_start: _InThread | None = None
+    stack_start: concurrent.futures.Future | None = None  # the local stack starting in a thread
+    starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-stack-start")
     pool = None
     try:
         with timeline.phase("checks"):
@@ -191,15 +174,15 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str 
                 local = cfg.local if cfg.local.router_port else dataclasses.replace(cfg.local, router_port=free_port(cfg.local.host))
                 stack = _local_stack(cfg, local, log_dir_name)
                 began = timeline.now()
-                stack_start = _InThread(stack.start, "local-stack-start")
+                stack_start = starter.submit(_timed(stack.start))
                 cfg = resolve_endpoints(cfg, f"http://{local.host}:{local.router_port}")
             with timeline.phase("ray_and_actor_launch"):
                 pool = RolloutPool(cfg).start(wait=False)
             with timeline.phase("task_ids"):
                 task_ids = _task_ids(cfg)
             if stack_start is not None:
-                stack_start.result()
-                timeline.data["phases"]["local_stack"] = [began, round((stack_start.ended_at or time.monotonic()) - timeline.t0, 3)]
+                ended_at = stack_start.result()  # re-raises what the start raised
+                timeline.data["phases"]["local_stack"] = [began, round(ended_at - timeline.t0, 3)]
                 if stack is not None and stack.router_url != cfg.policy.router_url:  # the stack kept the port it was given
                     raise RuntimeError(f"local stack: router at {stack.router_url}, expected {cfg.policy.router_url}")
             if cfg.local.enabled:
@@ -220,8 +203,7 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str 
     finally:
         if pool is not None:
             pool.shutdown()
-        if stack_start is not None:
-            stack_start.join()  # a stack still starting is stopped once its start returned (nothing left half-started)
+        starter.shutdown(wait=True)  # a stack still starting is stopped once its start returned (nothing left half-started)
         if stack is not None:
             stack.stop()
 
