@@ -204,7 +204,7 @@ class RolloutWorker:
             an episode that waited gets ``metadata["kv_held_s"]``. ``None`` or disabled: no gate.
         kv_actor: ``(this actor's index, pool.num_actors)`` (the pool sets it): the KV gate's
             part of the servers' KV (``1 / num_actors`` of it, or under ``placement=gate`` its own
-            workers: :func:`~rollout.core.policy.kvgate.my_workers`).
+            workers: :func:`~rollout.core.policy.kvslots.my_workers`).
 
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.core.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
