@@ -35,6 +35,11 @@ imbalance and episodes/s for the router's policies and our routing keys, with an
 adaptive concurrency, on N local workers (:mod:`rollout.devtools.bench.routing`)::
 
     python -m rollout.bench routing [--workers 4] [--concurrency 512] [--n 8] [--json FILE] [--plot FILE.png]
+
+``scale``: the main job's episode phase (actors ready to the last delivery) with each actor count,
+side by side, each run a fresh ``python -m rollout run`` (:mod:`rollout.devtools.bench.scale`)::
+
+    python -m rollout.bench scale [--actors 2,8] [--servers 4] [--reps 1] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -228,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.devtools.bench import journal as bench_journal
     from rollout.devtools.bench import pool as bench_pool
     from rollout.devtools.bench import routing as bench_routing
+    from rollout.devtools.bench import scale as bench_scale
     from rollout.devtools.bench import startup as bench_startup
     from rollout.devtools.bench import turns as bench_turns
 
-    for module in (bench_env, bench_pool, bench_routing, bench_turns, bench_journal, bench_startup):
+    for module in (bench_env, bench_pool, bench_routing, bench_turns, bench_journal, bench_startup, bench_scale):
         module.add_parser(sub)
     from rollout.app.cli import parse_args_with_overrides
     from rollout.core.logs import setup_logging
