@@ -22,15 +22,14 @@ Exit status: 0 when every run exited 0, 1 when one did not (its output's last li
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rollout.devtools.bench.interleaved import report, run_interleaved
 
 TIMEOUT_S = 900  # bound on one run of the main job (seconds)
 
@@ -114,24 +113,12 @@ def main_scale(args) -> int:
     if not counts or any(c < 1 for c in counts) or args.servers < 1 or args.reps < 1:
         print("error: --actors is a comma-separated list of integers >= 1; --servers and --reps >= 1", file=sys.stderr)
         return 2
-    root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    runs = []
-    try:
-        for rep in range(args.reps):
-            for actors in (counts if rep % 2 == 0 else counts[::-1]):
-                r = run_once(actors, args.servers, args.config, list(args.overrides), root / f"a{actors}-{rep}")
-                print(f"  {actors} actors, run {rep + 1}: episode phase {r['episodes_phase_s']} s, start-up {r['startup_s']} s "
-                      f"(exit {r['exit_code']}, {r['wall_s']:.1f} s in all)", flush=True)
-                runs.append(r)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"error: {e}", file=sys.stderr)
+    runs = run_interleaved(
+        counts, args.reps, "bench-scale-",
+        lambda actors, folder: run_once(actors, args.servers, args.config, list(args.overrides), folder),
+        lambda actors, rep, r: (f"  {actors} actors, run {rep + 1}: episode phase {r['episodes_phase_s']} s, start-up "
+                                f"{r['startup_s']} s (exit {r['exit_code']}, {r['wall_s']:.1f} s in all)"))
+    if runs is None:
         return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     rows = summarize(runs)
-    print(format_rows(rows))
-    print(f"({os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1) + "\n")
-        print(f"json: {args.json}")
-    return 0 if all(r["exit_code"] == 0 for r in runs) else 1
+    return report(format_rows(rows), rows, runs, args.json)

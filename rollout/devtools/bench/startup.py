@@ -24,15 +24,14 @@ how busy the machine is: run it on a quiet one, and compare only rows of one run
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rollout.devtools.bench.interleaved import report, run_interleaved
 
 # way -> (open_pool's startup, the tokenizer facts cache and no prestarted idle workers)
 WAYS: dict[str, tuple[str, bool]] = {"before": ("serial", False), "serial+cache": ("serial", True), "after": ("overlapped", True)}
@@ -122,24 +121,13 @@ def main_startup(args) -> int:
     if not ways or any(w not in WAYS for w in ways) or args.reps < 1 or args.tasks < 1:
         print(f"error: --ways of {', '.join(WAYS)}; --reps and --tasks >= 1", file=sys.stderr)
         return 2
-    root = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-    runs = []
-    try:
-        for rep in range(args.reps):
-            for way in (ways if rep % 2 == 0 else ways[::-1]):
-                r = run_once(way, args.config, args.tasks, list(args.overrides), root / f"{way}-{rep}")
-                print(f"  {way:<13} run {rep + 1}: actors ready {r['process_start_to_ready_s']:.2f} s after the command "
-                      f"(exit {r['exit_code']}, {r['wall_s']:.1f} s in all)", flush=True)
-                runs.append(r)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"error: {e}", file=sys.stderr)
+    runs = run_interleaved(
+        ways, args.reps, "bench-startup-",
+        lambda way, folder: run_once(way, args.config, args.tasks, list(args.overrides), folder),
+        lambda way, rep, r: (f"  {way:<13} run {rep + 1}: actors ready {r['process_start_to_ready_s']:.2f} s after the command "
+                             f"(exit {r['exit_code']}, {r['wall_s']:.1f} s in all)"))
+    if runs is None:
         return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     rows = summarize(runs)
-    print(format_rows(rows))
-    print(f"({os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1) + "\n")
-        print(f"json: {args.json}")
-    return 0 if all(r["exit_code"] == 0 for r in runs) else 1
+    return report(format_rows(rows), rows, runs, args.json)
+
