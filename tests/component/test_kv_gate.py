@@ -122,7 +122,7 @@ def test_unreadable_metrics_never_hold_and_are_logged_once(caplog):
                 await r1.cleanup()
                 await r2.cleanup()
 
-    with caplog.at_level(logging.WARNING, logger="rollout.core.policy.kvgate"):
+    with caplog.at_level(logging.WARNING, logger="rollout.core.policy.kvreadings"):
         asyncio.run(main())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3, warnings  # once per worker, not once per poll

@@ -319,22 +319,18 @@ class KVGate:
         if not self._first.is_set():  # (not counted as held: the gate has not judged yet)
             await self._first.wait()
         slot = self._slot_of(key)
+        now: Slot | None = None  # the slot that admits the call at once
         if slot is None and not self._slots:  # placement=gate with no worker known: the router, unheld
-            self._pool.in_flight += 1
-            self._pool.reserved += cost
-            return Ticket(None, cost, 0.0, self._pool)
-        if slot is not None and not slot.waiters and slot.admits(cost):
-            slot.in_flight += 1
-            slot.reserved += cost
-            return Ticket(slot.url, cost, 0.0, slot)
-        if slot is None and not self._unplaced:
-            slot = self._choose(cost)
-            if slot is not None:
-                self._place(key, slot)
-                slot.in_flight += 1
-                slot.reserved += cost
-                return Ticket(slot.url, cost, 0.0, slot)
-            slot = None
+            now = self._pool
+        elif slot is not None:
+            now = slot if not slot.waiters and slot.admits(cost) else None
+        elif not self._unplaced:  # a new key, none waiting before it
+            now = self._choose(cost)
+            if now is not None:
+                self._place(key, now)
+        if now is not None:
+            now.take(cost)
+            return Ticket(now.url, cost, 0.0, now)
         fut = asyncio.get_running_loop().create_future()
         if slot is not None:
             slot.waiters.append((fut, cost))

@@ -21,7 +21,7 @@ from rollout.core.telemetry import promtext
 __all__ = ["KV_TOKENS", "RETRACTIONS", "TOKEN_USAGE", "WORKERS_REFRESH_POLLS", "Reading", "WorkerReader", "metric",
            "parse_token_usage"]
 
-logger = logging.getLogger("rollout.core.policy.kvgate")  # one logger for the gate and its parts
+logger = logging.getLogger(__name__)
 
 TOKEN_USAGE = "sglang:token_usage"  # SGLang's gauge: KV tokens in use / KV pool size (0..1)
 RETRACTIONS = "sglang:num_retracted_requests_total"  # SGLang's counter of retracted requests

@@ -15,7 +15,7 @@ from rollout.core.adaptive import AdaptiveConcurrencyConfig
 
 __all__ = ["ANSWERS_KEPT", "ANSWER_QUANTILE", "EXPECTED_AFTER", "AnswerLengths", "Slot", "Ticket", "my_workers"]
 
-logger = logging.getLogger("rollout.core.policy.kvgate")  # one logger for the gate and its parts
+logger = logging.getLogger(__name__)
 
 EXPECTED_AFTER = 8  # answers seen before the expected answer length replaces max_new_tokens
 ANSWERS_KEPT = 256  # the last answers whose lengths give the expected one
@@ -94,10 +94,14 @@ class Slot:
         """KV tokens it may still reserve (infinite where unknown)."""
         return math.inf if self.token_cap is None else self.token_cap - self.reserved
 
-    def grant(self, fut: asyncio.Future, cost: int) -> None:
-        """Admit the waiter ``fut`` with ``cost`` (its result is this slot)."""
+    def take(self, cost: int) -> None:
+        """Count one call of ``cost`` KV tokens out on this slot."""
         self.in_flight += 1
         self.reserved += cost
+
+    def grant(self, fut: asyncio.Future, cost: int) -> None:
+        """Admit the waiter ``fut`` with ``cost`` (its result is this slot)."""
+        self.take(cost)
         fut.set_result(self)
 
     def cut(self, polls: int, factor: float) -> None:
@@ -116,36 +120,35 @@ class Slot:
         ``cfg.low_water`` or when unknown; adjust the cap and the KV-token cap
         (:mod:`rollout.core.policy.kvgate`). ``unplaced``: new keys waiting for any worker (they
         count as wanting this slot when its cap binds)."""
-        slot = self
-        slot.usage = usage
-        slot.token_cap = None if not kv_tokens or usage is None else slot.share * cfg.high_water * kv_tokens  # 0: unbounded
-        retracted = retractions is not None and slot.retractions is not None and retractions > slot.retractions
-        slot.retractions = retractions
-        name = slot.url or "the workers"
+        self.usage = usage
+        self.token_cap = None if not kv_tokens or usage is None else self.share * cfg.high_water * kv_tokens  # 0: unbounded
+        retracted = retractions is not None and self.retractions is not None and retractions > self.retractions
+        self.retractions = retractions
+        name = self.url or "the workers"
         if usage is None:
-            if slot.closed:
+            if self.closed:
                 logger.info("KV gate: the KV usage of %s cannot be read; held calls go on (unknown is never held)", name)
-            slot.closed = False
-            slot.limit = None
+            self.closed = False
+            self.limit = None
             return
-        if slot.limit is None:
-            slot.limit = cfg.start_calls_per_worker * slot.workers
-        if not slot.closed and usage >= cfg.high_water:
-            slot.holds += 1
-            slot.closed = True
-            slot.cut(polls, cfg.decrease_factor)
-            logger.debug("KV gate closed for %s: KV usage %.3f >= high water %.3f (limit %s)", name, usage, cfg.high_water, slot.limit)
-        elif slot.closed and usage < cfg.low_water:
-            slot.closed = False
-            logger.debug("KV gate opened for %s: KV usage %.3f < low water %.3f (limit %s)", name, usage, cfg.low_water, slot.limit)
+        if self.limit is None:
+            self.limit = cfg.start_calls_per_worker * self.workers
+        if not self.closed and usage >= cfg.high_water:
+            self.holds += 1
+            self.closed = True
+            self.cut(polls, cfg.decrease_factor)
+            logger.debug("KV gate closed for %s: KV usage %.3f >= high water %.3f (limit %s)", name, usage, cfg.high_water, self.limit)
+        elif self.closed and usage < cfg.low_water:
+            self.closed = False
+            logger.debug("KV gate opened for %s: KV usage %.3f < low water %.3f (limit %s)", name, usage, cfg.low_water, self.limit)
         # additive increase, only while the cap binds: below low_water, or, where the KV-token
         # reservation meters what goes out (the workers report their KV size), below high_water
-        wanted = slot.in_flight + len(slot.waiters) + unplaced
-        room = usage < cfg.low_water or (slot.token_cap is not None and usage < cfg.high_water)
+        wanted = self.in_flight + len(self.waiters) + unplaced
+        room = usage < cfg.low_water or (self.token_cap is not None and usage < cfg.high_water)
         if retracted:
-            slot.cut(polls, cfg.decrease_factor)
-        elif not slot.closed and room and wanted > slot.in_flight >= slot.limit:
-            slot.limit += slot.workers
+            self.cut(polls, cfg.decrease_factor)
+        elif not self.closed and room and wanted > self.in_flight >= self.limit:
+            self.limit += self.workers
 
     def stats(self) -> dict:
         """This worker's figures (:meth:`KVGate.stats`'s ``per_worker``)."""
