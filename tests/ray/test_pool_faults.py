@@ -38,6 +38,8 @@ def test_an_actor_that_keeps_dying_types_its_episodes_actor_lost_once_each(ray_c
 
     pool = RolloutPool(_cfg(retail_stack.router_url, "pool.max_episode_retries=0")).start()
     try:
+        # the gate holds the episodes at their first /generate call, so some are running at the kill
+        ray.get(pool.actors[0].pause_generation.remote(), timeout=30)
         specs = pool.submit_tasks(retail.task_ids("base")[:6])
         _wait(lambda: _running(pool) >= 2, "episodes running")
         ray.kill(pool.actors[0], no_restart=False)  # Ray restarts it; the attempts in flight are lost
