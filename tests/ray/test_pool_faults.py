@@ -61,6 +61,8 @@ def test_no_healthy_actor_ends_the_stream_with_every_undelivered_episode(ray_clu
 
     pool = RolloutPool(_cfg(retail_stack.router_url, "pool.no_actor_timeout_s=3")).start()
     try:
+        # held at the gate, episodes are still undelivered when the only actor dies
+        ray.get(pool.actors[0].pause_generation.remote(), timeout=30)
         specs = pool.submit_tasks(retail.task_ids("base")[:6])
         _wait(lambda: _running(pool) >= 2, "episodes running")
         ray.kill(pool.actors[0], no_restart=True)  # gone for good
