@@ -276,7 +276,7 @@ class RolloutWorker:
             if ac is not None and ac.enabled:
                 key = api_key_from_env(self.policy_cfg.api_key_env)
                 lister = RouterAdmin(str(self.policy_cfg.router_url), self._session, timeout_s=ac.timeout_s, api_key=key)
-                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_urls, api_key=key, actor=self.kv_actor[0], actors=self.kv_actor[1])
+                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_health, api_key=key, actor=self.kv_actor[0], actors=self.kv_actor[1])
             self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder,
                                         kv_gate=self.kv_gate)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)

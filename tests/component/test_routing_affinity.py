@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
+import time
 
 import aiohttp
 import pytest
@@ -24,8 +26,10 @@ WORKERS = 4
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
     """``(router_url, worker_urls)``: four tagged workers (each /generate waits 0.1 s, so that
-    calls overlap) behind the real router with the ``auto`` policy."""
-    with tagged_cluster(router_policy_args("auto"), workers=WORKERS, delay_s=0.1, log_dir=tmp_path_factory.mktemp("routing")) as (router, urls, _):
+    calls overlap) behind the real router with the ``auto`` policy, checking the workers' health
+    every second (one failed check marks a worker unhealthy, one passed check healthy again)."""
+    health = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1"]
+    with tagged_cluster(router_policy_args("auto") + health, workers=WORKERS, delay_s=0.1, log_dir=tmp_path_factory.mktemp("routing")) as (router, urls, _):
         yield router, urls
 
 
@@ -92,7 +96,7 @@ def test_the_kv_gate_reads_the_workers_the_router_lists(routed):
                 async with s.post(u + "/token_usage", json={"value": 0.2}) as r:
                     assert r.status == 200
             admin = RouterAdmin(router, s)
-            gate = KVGate(AdaptiveConcurrencyConfig(enabled=True, poll_interval_s=0.05, placement="router"), s, list_workers=admin.worker_urls)
+            gate = KVGate(AdaptiveConcurrencyConfig(enabled=True, poll_interval_s=0.05, placement="router"), s, list_workers=admin.worker_health)
             try:
                 assert await gate.poll_once() == pytest.approx(0.2) and sorted(gate.readings) == sorted(urls)
                 async with s.post(urls[2] + "/token_usage", json={"value": 0.93}) as r:
@@ -105,6 +109,67 @@ def test_the_kv_gate_reads_the_workers_the_router_lists(routed):
                         assert r.status == 200
 
     asyncio.run(main())
+
+
+def test_placement_gate_moves_keys_off_a_worker_the_router_counts_unhealthy(routed):
+    """``placement=gate`` posts straight to the workers, around the router: a worker whose
+    ``/health`` fails (its ``/metrics`` and ``/generate`` still answer) is marked unhealthy by the
+    router, and the gate then moves its keys and places no new key on it until the router counts
+    it healthy again."""
+    router, urls = routed
+    names = {u: f"w{i}" for i, u in enumerate(urls)}
+
+    async def healthy(s: aiohttp.ClientSession, url: str, ok: bool) -> None:
+        async with s.post(url + "/token_usage", json={"healthy": ok}) as r:
+            assert r.status == 200
+
+    async def until(cond, what: str, timeout_s: float = 20.0) -> None:  # cond: a bool, or a coroutine's
+        t0 = time.monotonic()
+        while not await _value(cond()):
+            assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
+            await asyncio.sleep(0.1)
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            admin = RouterAdmin(router, s)
+            assert await admin.worker_health() == {u: True for u in urls}
+            gate = KVGate(AdaptiveConcurrencyConfig(enabled=True, poll_interval_s=0.05, placement="gate"), s,
+                          list_workers=admin.worker_health)
+            client = SGLangClient(PolicyConfig(router_url=router, routing="episode"), s, kv_gate=gate)
+
+            async def served_by(key: str, n: int) -> str:
+                return (await client.generate(list(range(1, 50)), 1, rid=f"{key}@0#{n}", routing_key=key)).meta["worker"]
+
+            sick = None
+            try:
+                first = await served_by("k", 0)
+                sick = next(u for u, name in names.items() if name == first)
+                assert gate.placed["k"] == sick
+                await healthy(s, sick, False)
+                await until(lambda: _listed_healthy(admin, sick, False), "the router to count the worker unhealthy")
+                await until(lambda: gate.stats()["per_worker"][sick]["down"], "the gate to take it out of placement")
+                assert "k" not in gate.placed  # its key is placed afresh at its next call
+                assert await served_by("k", 1) != first and gate.placed["k"] != sick
+                new = [await served_by(f"n{i}", 0) for i in range(8)]
+                assert first not in new, new  # no new key on the unhealthy worker
+                await healthy(s, sick, True)
+                await until(lambda: not gate.stats()["per_worker"][sick]["down"], "the gate to place keys on it again")
+                assert await served_by("back", 0) == first  # the worker with the fewest keys gets the next one
+            finally:
+                gate.close()
+                if sick is not None:  # the other tests of this module need every worker healthy
+                    await healthy(s, sick, True)
+                    await until(lambda: _listed_healthy(admin, sick, True), "every worker healthy")
+
+    asyncio.run(main())
+
+
+async def _listed_healthy(admin: RouterAdmin, url: str, ok: bool) -> bool:
+    return (await admin.worker_health())[url] is ok
+
+
+async def _value(x):
+    return await x if inspect.isawaitable(x) else x
 
 
 def test_the_worker_sends_each_episode_s_group_id(routed, retail):

@@ -9,6 +9,8 @@
   ``sglang:num_retracted_requests_total``, once ``{"retractions": n}`` has set it, and
   ``sglang:max_total_num_tokens``, once ``{"kv_tokens": n}`` has); with
   ``{"fail": true}`` it answers 500 instead (a worker whose metrics cannot be read).
+  ``{"healthy": false}`` makes ``GET /health`` answer 503 (a worker the router's health checks
+  fail) while everything else still answers; ``{"healthy": true}`` mends it.
 * ``GET /health``, ``/get_model_info`` (= ``/model_info``), ``/get_server_info`` (= ``/server_info``):
   what the router reads at registration (``model_path`` is the local tokenizer folder, so the
   router loads its tokenizer from disk).
@@ -31,7 +33,7 @@ ROUTING_HEADER = "X-SMG-Routing-Key"
 def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Application:
     """The worker's aiohttp application (see the module docstring); each ``/generate`` waits
     ``delay_s`` seconds (an asyncio sleep) before it answers, so that calls overlap."""
-    state = {"usage": 0.0, "fail": False, "calls": 0, "by_key": collections.Counter(), "retractions": None, "kv_tokens": None}
+    state = {"usage": 0.0, "fail": False, "healthy": True, "calls": 0, "by_key": collections.Counter(), "retractions": None, "kv_tokens": None}
 
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
@@ -78,10 +80,12 @@ def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Applicatio
             state["retractions"] = float(body["retractions"])
         if "kv_tokens" in body:
             state["kv_tokens"] = float(body["kv_tokens"])
+        if "healthy" in body:
+            state["healthy"] = bool(body["healthy"])
         return web.json_response({"value": state["usage"], "fail": state["fail"]})
 
     async def health(request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=200 if state["healthy"] else 503)
 
     async def model_info(request: web.Request) -> web.Response:
         return web.json_response({"model_path": model_path, "tokenizer_path": model_path, "is_generation": True,

@@ -64,7 +64,19 @@ class RouterAdmin:
         return f"RouterAdmin(router_url={self.router_url!r}, api_key={'<set>' if self._api_key else None})"
 
     async def worker_urls(self) -> list[str]:
-        """Worker URLs the router lists (``GET /workers``), in its order, without trailing ``/``.
+        """Worker URLs the router lists (``GET /workers``), in its order, without trailing ``/``,
+        healthy or not.
+
+        Raises:
+            PolicyServerError: the router is unreachable or did not answer 200 with JSON.
+        """
+        return list(await self.worker_health())
+
+    async def worker_health(self) -> dict[str, bool]:
+        """Worker URL (the router's order, without trailing ``/``) -> whether the router counts it
+        healthy (its ``is_healthy``; ``True`` where an entry does not say). sglang-router keeps a
+        worker whose health checks fail in ``GET /workers`` with ``"is_healthy": false`` and sends
+        it no calls until its checks pass again (0.3.2, tests/component/test_routing_affinity.py).
 
         Raises:
             PolicyServerError: the router is unreachable or did not answer 200 with JSON.
@@ -77,7 +89,8 @@ class RouterAdmin:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             raise PolicyServerError(f"cannot list the router's workers at {self.router_url}/workers: {describe_error(e, self._api_key)}") from None
         workers = data.get("workers", []) if isinstance(data, dict) else []
-        return [str(w.get("url") if isinstance(w, dict) else w).rstrip("/") for w in workers]
+        return {str(w.get("url") if isinstance(w, dict) else w).rstrip("/"): not (isinstance(w, dict) and w.get("is_healthy") is False)
+                for w in workers}
 
     async def _call(self, method: str, url: str, body: dict | None) -> tuple[int, Any]:
         try:

@@ -59,7 +59,11 @@ cap now, the one with the fewest keys (:meth:`KVGate._choose`), and stays there 
 a worker with room rather than queueing behind a full one. The router still lists the workers
 (``GET /workers``) and serves aborts and weight updates; a call refused in transport by its worker
 (:meth:`KVGate.lost`) takes that worker out of placement until its ``/metrics`` reads again and
-moves its keys, so the retry goes to another worker. This is the client-side sticky routing verl's
+moves its keys, so the retry goes to another worker; so does a worker the router counts unhealthy
+(``"is_healthy": false`` in ``GET /workers``: its health checks failed, and the router itself sends
+it nothing), until the router counts it healthy again and it reads. Without that, keys placed on a
+worker whose ``/health`` fails but whose ``/metrics`` still answers would keep going to it, around
+the router. This is the client-side sticky routing verl's
 ``AsyncLLMServerManager`` and SkyRL's inference client do, with KV room deciding which workers may
 take a new key. With no worker known the call goes to the router, not held.
 
@@ -69,9 +73,9 @@ no reading at all the figure is unknown and the gate opens (nothing is held on a
 worker's failure is logged once (WARNING) until it reads again (INFO).
 
 Which workers: ``worker_urls`` from the config, else the workers the router lists (``GET
-/workers``, sglang-router 0.3.2's answer ``{"workers": [{"url", ...}]}``), re-read every
-:data:`~rollout.core.policy.kvreadings.WORKERS_REFRESH_POLLS` polls and whenever the list could not
-be read.
+/workers``, sglang-router 0.3.2's answer ``{"workers": [{"url", "is_healthy", ...}]}``), re-read
+every :data:`~rollout.core.policy.kvreadings.WORKERS_REFRESH_POLLS` polls, at every poll while the
+list could not be read or the router counts a worker unhealthy.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable, Mapping
 
 import aiohttp
 
@@ -103,8 +107,9 @@ class KVGate:
         cfg: ``pool.adaptive_concurrency`` (``high_water``, ``low_water``, ``poll_interval_s``,
             ``timeout_s``, ``signal``, ``placement``, ``worker_urls``, ...).
         session: the actor's aiohttp session (used for ``/metrics`` and ``/workers``).
-        list_workers: coroutine function listing the worker URLs (the router's ``GET /workers``:
-            :meth:`~rollout.core.policy.admin.RouterAdmin.worker_urls`); unused when
+        list_workers: coroutine function giving worker URL -> whether the router counts it
+            healthy, in the router's order (its ``GET /workers``:
+            :meth:`~rollout.core.policy.admin.RouterAdmin.worker_health`); unused when
             ``cfg.worker_urls`` is set.
         api_key: sent as ``Authorization: Bearer`` on ``/metrics`` reads (SGLang exempts
             ``/metrics`` from its key; a proxy may not).
@@ -137,7 +142,7 @@ class KVGate:
     """
 
     def __init__(self, cfg: AdaptiveConcurrencyConfig, session: aiohttp.ClientSession,
-                 list_workers: Callable[[], "asyncio.Future[list[str]] | object"] | None = None,
+                 list_workers: Callable[[], Awaitable[Mapping[str, bool]]] | None = None,
                  api_key: str | None = None, actor: int = 0, actors: int = 1) -> None:
         if not 0 <= actor < actors:
             raise ValueError(f"actor must be in [0, {actors}), got {actor}")
@@ -255,11 +260,18 @@ class KVGate:
         slot = ticket._slot
         if not self.per_worker or slot.url is None or slot.url not in self._slots:
             return
+        self._take_down(slot, "a call to it failed in transport", "it reads again")
+
+    def _take_down(self, slot: Slot, why: str, until: str) -> None:
+        """Take ``slot``'s worker out of placement and place its keys afresh (logged once, at
+        WARNING, until the worker is back)."""
+        if slot.down and not slot.keys:
+            return  # already out, and nothing placed on it since
         if not slot.down:
-            logger.warning("KV gate: a call to %s failed in transport; its keys move to other workers until it "
-                           "reads again", slot.url)
+            logger.warning("KV gate: worker %s is out of placement (%s); its keys move to other workers until %s",
+                           slot.url, why, until)
         slot.down = True
-        self._unplace(slot.url)
+        self._unplace(slot.url)  # type: ignore[arg-type]
 
     def _wake(self) -> None:
         """Hand free slots to the oldest waiters (FIFO per worker; then new keys, each to the
@@ -404,8 +416,12 @@ class KVGate:
                 slot = self._slots.get(url)
                 if slot is None:  # another actor's worker
                     continue
-                if reading.usage is not None:
-                    slot.down = False  # it reads again: keys may be placed on it
+                if url in self._reader.unhealthy:
+                    self._take_down(slot, "the router counts it unhealthy", "the router counts it healthy again")
+                elif reading.usage is not None:
+                    if slot.down:
+                        logger.info("KV gate: worker %s is back in placement", url)
+                    slot.down = False  # it reads again (and the router counts it healthy): keys may be placed on it
                 slot.apply(self.cfg, self.polls, *reading, unplaced=len(self._unplaced))
             self._wake()
             figure = self.usage

@@ -1,7 +1,7 @@
 """Reading the workers' KV state for the KV gate (:mod:`rollout.core.policy.kvgate`): which
 workers there are (``pool.adaptive_concurrency.worker_urls`` or the router's ``GET /workers``,
-sglang-router 0.3.2's answer ``{"workers": [{"url", ...}]}``) and what each one's ``/metrics``
-says, in SGLang's metric names (``python/sglang/srt/metrics/collector.py``)."""
+sglang-router 0.3.2's answer ``{"workers": [{"url", "is_healthy", ...}]}``), which of them the
+router counts unhealthy, and what each one's ``/metrics`` says, in SGLang's metric names (``python/sglang/srt/metrics/collector.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import functools
 import logging
 import math
 import operator
-from typing import Callable, NamedTuple
+from typing import Awaitable, Callable, Mapping, NamedTuple
 
 import aiohttp
 
@@ -67,14 +67,15 @@ class WorkerReader:
         timeout_s: bound on one read (seconds); a read past it is unknown.
         worker_urls: fixed worker URLs (``pool.adaptive_concurrency.worker_urls``), or ``None``:
             ``list_workers``'s.
-        list_workers: coroutine function listing the worker URLs (the router's ``GET /workers``:
-            :meth:`~rollout.core.policy.admin.RouterAdmin.worker_urls`).
+        list_workers: coroutine function giving worker URL -> whether the router counts it
+            healthy, in the router's order (its ``GET /workers``:
+            :meth:`~rollout.core.policy.admin.RouterAdmin.worker_health`).
         api_key: sent as ``Authorization: Bearer`` (SGLang exempts ``/metrics`` from its key; a
             proxy may not).
     """
 
     def __init__(self, session: aiohttp.ClientSession, timeout_s: float, worker_urls: list[str] | None = None,
-                 list_workers: Callable[[], "asyncio.Future[list[str]] | object"] | None = None, api_key: str | None = None) -> None:
+                 list_workers: Callable[[], Awaitable[Mapping[str, bool]]] | None = None, api_key: str | None = None) -> None:
         self.session = session
         self.timeout_s = timeout_s
         self._fixed = bool(worker_urls)
@@ -84,20 +85,25 @@ class WorkerReader:
         self._api_key = api_key
         self._failing: set[str] = set()
         self._list_failed = False
+        self.unhealthy: frozenset[str] = frozenset()  # listed workers the router counts unhealthy, at the last read
 
     async def workers(self, polls: int) -> list[str]:
         """The worker URLs: ``worker_urls`` when set, else the router's list, re-read when
-        ``polls`` is a multiple of :data:`WORKERS_REFRESH_POLLS` and after a failed read (the
-        last list is kept meanwhile; a failure is logged once)."""
+        ``polls`` is a multiple of :data:`WORKERS_REFRESH_POLLS`, after a failed read and while
+        the router counts a worker unhealthy (so that its return is seen at the next poll); the
+        last list is kept meanwhile, and a failure is logged once. :attr:`unhealthy` is the
+        router's unhealthy workers at the last read (empty with ``worker_urls``)."""
         if self._fixed or self._list_workers is None:
             return self._urls
-        if self._urls and not self._list_failed and polls % WORKERS_REFRESH_POLLS:
+        if self._urls and not self._list_failed and not self.unhealthy and polls % WORKERS_REFRESH_POLLS:
             return self._urls
         try:
-            self._urls = [str(u).rstrip("/") for u in await self._list_workers()]  # type: ignore[misc]
+            health = {str(u).rstrip("/"): ok for u, ok in (await self._list_workers()).items()}
             if self._list_failed:
-                logger.info("KV gate: the router's worker list reads again (%d workers)", len(self._urls))
+                logger.info("KV gate: the router's worker list reads again (%d workers)", len(health))
             self._list_failed = False
+            self._urls = list(health)
+            self.unhealthy = frozenset(u for u, ok in health.items() if not ok)
         except (PolicyServerError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             if not self._list_failed:
                 logger.warning("KV gate: cannot list the workers (%s); their KV usage is unknown meanwhile and "
