@@ -206,6 +206,10 @@ class PoolConfig:
     # Sets RAY_USE_UVLOOP in each actor's runtime_env (rollout.core.eventloop); the pool checks the
     # loop each actor got.
     event_loop: EventLoop = EventLoop.UVLOOP
+    # Record the pool's metrics through Ray's (ray.util.metrics, exported to Prometheus; the driver
+    # and every actor: docs/observability.md) | false: record nothing (their cost, side by side:
+    # python -m rollout.bench pool --baseline pool.metrics=false --baseline-rows all).
+    metrics: bool = True
     adaptive_concurrency: AdaptiveConcurrencyConfig = field(default_factory=AdaptiveConcurrencyConfig)
 
 

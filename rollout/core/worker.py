@@ -417,6 +417,7 @@ class RolloutWorker:
             "process_tuning": self.process_tuning,
             "request_retries": self._client.retries if self._client is not None else 0,
             "kv_gate": self.kv_gate.stats() if self.kv_gate is not None else None,
+            "metrics": self.recorder.enabled,  # False: its recorder drops everything (pool.metrics=false)
         }
 
     async def close(self) -> None:

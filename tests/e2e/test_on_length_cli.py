@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_cli_counts_cut_turns_in_its_table_and_summary(tmp_path):
     """The main job on the local stack with a budget below the gold replies: every first turn is
     cut; the table and summary.json count them. (With ``rollout.keep_messages=false``: the files
-    carry no conversation.)"""
+    carry no conversation. With ``pool.metrics=false``: the actors say they record no metrics.)"""
     out = tmp_path / "run"
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,1]",
                            "rollout.n_samples_per_task=1", "pool.num_actors=1", "policy.sampling.max_new_tokens=8", "rollout.keep_messages=false",
-                           f"rollout.output_dir={out}"],
+                           "pool.metrics=false", f"rollout.output_dir={out}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -32,5 +32,6 @@ def test_the_cli_counts_cut_turns_in_its_table_and_summary(tmp_path):
     assert summary["episodes_ended_by_turn_length"] == 2
     for name in ("samples.jsonl", "episodes.jsonl"):
         assert [json.loads(x)["messages"] for x in (out / name).read_text().splitlines()] == [None, None], name
+    assert "rollout actors ready" in proc.stderr and "metrics off" in proc.stderr, proc.stderr[-3000:]
     table = proc.stdout
     assert any(line.split()[-1] == "2" for line in table.splitlines() if line.startswith("turns cut at max_new_tokens")), table

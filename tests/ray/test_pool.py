@@ -33,6 +33,8 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
             assert tuning["frozen"] > 50_000 and tuning["switch_interval_s"] == pytest.approx(0.001), tuning
         # and their coroutines run on uvloop (pool.event_loop's default), as each actor reports it
         assert [lag["event_loop"] for lag in pool.loop_lags()] == ["uvloop", "uvloop"]
+        # the driver and each actor record metrics (pool.metrics's default)
+        assert pool.recorder.enabled and [info["metrics"] for info in pool.worker_infos()] == [True, True]
         # the same tasks can be submitted again: new group ids
         again = pool.submit_tasks(ids[:1], n_samples_per_task=1)
         (res,) = list(pool.results())
@@ -59,6 +61,20 @@ def test_pool_event_loop_asyncio_gives_the_actors_asyncio_s_own_loop(ray_cluster
         results = list(pool.results())
     assert [r.status for r in results] == [EpisodeStatus.COMPLETED] * 2
     assert all(r.reward == 1.0 for r in results)
+
+
+def test_pool_metrics_false_records_nothing_on_the_driver_or_the_actors(ray_cluster, retail_stack, retail):
+    from rollout.core.pool import RolloutPool
+    from rollout.core.telemetry.recorder import NULL_RECORDER
+
+    ids = retail.task_ids("base")[:2]
+    with RolloutPool(_cfg(retail_stack.router_url, "pool.metrics=false", "rollout.n_samples_per_task=1")) as pool:
+        assert pool.recorder is NULL_RECORDER
+        assert [info["metrics"] for info in pool.worker_infos()] == [False, False]
+        pool.submit_tasks(ids)
+        results = list(pool.results())
+        assert pool.stats()["episodes_delivered"] == 2  # the pool's own counters do not depend on the metrics
+    assert [r.status for r in results] == [EpisodeStatus.COMPLETED] * 2 and all(r.reward == 1.0 for r in results)
 
 
 def test_actors_on_another_loop_than_configured_fail_the_start_naming_the_key(ray_cluster, retail_stack, monkeypatch):

@@ -32,8 +32,8 @@ def test_shipped_configs_load_with_required_keys():
 
 
 def test_overrides_merge_and_coerce():
-    cfg = load_config(ROOT / "configs/local.yaml", ["pool.num_actors=5", "env.task_ids=[3,7]", "policy.sampling.stop=[]"])
-    assert cfg.pool.num_actors == 5
+    cfg = load_config(ROOT / "configs/local.yaml", ["pool.num_actors=5", "env.task_ids=[3,7]", "policy.sampling.stop=[]", "pool.metrics=false"])
+    assert cfg.pool.num_actors == 5 and cfg.pool.metrics is False
     assert cfg.env.task_ids == ["3", "7"]
     assert cfg.policy.sampling.stop == []
 
@@ -44,6 +44,7 @@ def test_overrides_merge_and_coerce():
         ("pool.num_actorz=2", "pool.num_actorz"),
         ("pool.num_actors=two", "pool.num_actors"),
         ("pool.num_actors=0", "pool.num_actors"),
+        ("pool.metrics=sometimes", "pool.metrics"),
         ("env.task_split=''", "env.task_split"),  # split names are the domain's, checked when it loads (tests/component/test_telecom.py)
         ("env.user.kind=human", "env.user.kind"),
         ("policy.sampling.top_p=1.5", "policy.sampling.top_p"),

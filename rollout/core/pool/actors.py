@@ -137,8 +137,9 @@ class ActorSet:
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
                 own_process=True, gil_switch_interval_ms=p.gil_switch_interval_ms, adaptive_concurrency=p.adaptive_concurrency,
                 kv_actor=(i, p.num_actors),  # its place among the actors (the KV gate's part of the servers' KV)
-                # its metrics, tagged with its index (made in the actor's process, kept by a restart)
-                recorder=RayRecorder({"domain": domain, "actor": str(i)}),
+                # its metrics, tagged with its index (made in the actor's process, kept by a restart);
+                # None (pool.metrics=false): the worker records nothing
+                recorder=RayRecorder({"domain": domain, "actor": str(i)}) if p.metrics else None,
             )
             for i in range(p.num_actors)
         ]
@@ -166,7 +167,9 @@ class ActorSet:
             self.close(timeout_s=5.0)
             raise RuntimeError(f"pool.event_loop={p.event_loop}, but rollout actors (pid, loop) {wrong} run another loop: "
                                f"is uvloop installed on their nodes? (or set pool.event_loop=asyncio)")
-        logger.info("%d rollout actors ready (pids %s, event loop %s)", len(infos), [i["pid"] for i in infos], p.event_loop)
+        recording = sum(bool(i.get("metrics")) for i in infos)
+        metrics = "metrics on" if recording == len(infos) else "metrics off" if not recording else f"metrics on in {recording}"
+        logger.info("%d rollout actors ready (pids %s, event loop %s, %s)", len(infos), [i["pid"] for i in infos], p.event_loop, metrics)
         return infos
 
     def close(self, timeout_s: float = 10.0, graceful: bool = True) -> None:

@@ -70,6 +70,7 @@ from rollout.core.pool.steps import END, StepRunner
 from rollout.core.pool.streams import Feed, TrainingStreams
 from rollout.core.pool.weights import PAUSE_MODES, PauseReport, WeightCycleAPI, WeightSync  # noqa: F401
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
+from rollout.core.telemetry.recorder import NULL_RECORDER
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         recorder: the driver's metrics (a ``RayRecorder`` tagged with the domain): episodes
             submitted, delivered by status, their duration, turns and reward, the queue, the
             episodes in flight per actor, retries, exclusions, groups, weight updates and
-            pauses. Each actor records its own (docs/observability.md).
+            pauses. Each actor records its own (docs/observability.md). With
+            ``pool.metrics=false``, ``NULL_RECORDER`` here and in the actors: nothing is recorded.
 
     Raises:
         ValueError: ``policy.router_url`` is not set.
@@ -98,7 +100,8 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         if not cfg.policy.router_url:
             raise ValueError("policy.router_url must be resolved before starting the pool")
         self.cfg = cfg
-        self.recorder = RayRecorder({"domain": domain_key(cfg.env.benchmark, cfg.env.domain)})
+        # pool.metrics=false: the null recorder, here and in the actors
+        self.recorder = RayRecorder({"domain": domain_key(cfg.env.benchmark, cfg.env.domain)}) if cfg.pool.metrics else NULL_RECORDER
         self._actors = ActorSet(cfg)
         keep = cfg.rollout.keep_messages
         self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep), recorder=self.recorder,
