@@ -291,24 +291,32 @@ class KVGate:
             if fut.done():
                 self._unplaced.popleft()
                 continue
-            slot = self._slot_of(key)
-            if slot is not None:  # another call of its key was placed meanwhile: it follows
-                self._unplaced.popleft()
-                if not slot.waiters and slot.admits(cost):
-                    slot.grant(fut, cost)
-                else:
-                    slot.waiters.append((fut, cost))
-                continue
-            if not self._slots:  # no worker known (any more): the router, unheld
-                self._unplaced.popleft()
-                self._pool.grant(fut, cost)
-                continue
-            slot = self._choose(cost)
-            if slot is None:
+            slot = self._slot_of(key)  # not None: another call of its key was placed meanwhile, and it follows
+            now = self._admitting(key, cost, slot)
+            if now is None and slot is None:  # a new key no worker admits yet: it and the keys behind it wait
                 break
             self._unplaced.popleft()
-            self._place(key, slot)
-            slot.grant(fut, cost)
+            if now is not None:
+                now.grant(fut, cost)
+            else:
+                slot.waiters.append((fut, cost))  # type: ignore[union-attr]
+
+    def _admitting(self, key: str | None, cost: int, slot: Slot | None, new_keys: bool = True) -> Slot | None:
+        """The slot that takes a call of ``key`` with ``cost`` KV tokens at once, or None (it
+        waits). ``slot``: the key's (:meth:`_slot_of`); it takes the call when nobody waits for it
+        and it admits ``cost``. A key not placed: with no worker known, the router's (unheld);
+        else, when ``new_keys`` (no new key waits before it), the worker :meth:`_choose` names,
+        where the key is placed."""
+        if slot is not None:
+            return slot if not slot.waiters and slot.admits(cost) else None
+        if not self._slots:
+            return self._pool
+        if not new_keys:
+            return None
+        chosen = self._choose(cost)
+        if chosen is not None:
+            self._place(key, chosen)
+        return chosen
 
     # ------------------------------------------------------------------ acquire / release
     async def acquire(self, cost: int = 0, key: str | None = None) -> Ticket:
@@ -331,15 +339,7 @@ class KVGate:
         if not self._first.is_set():  # (not counted as held: the gate has not judged yet)
             await self._first.wait()
         slot = self._slot_of(key)
-        now: Slot | None = None  # the slot that admits the call at once
-        if slot is None and not self._slots:  # placement=gate with no worker known: the router, unheld
-            now = self._pool
-        elif slot is not None:
-            now = slot if not slot.waiters and slot.admits(cost) else None
-        elif not self._unplaced:  # a new key, none waiting before it
-            now = self._choose(cost)
-            if now is not None:
-                self._place(key, now)
+        now = self._admitting(key, cost, slot, new_keys=not self._unplaced)
         if now is not None:
             now.take(cost)
             return Ticket(now.url, cost, 0.0, now)
