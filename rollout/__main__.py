@@ -1,7 +1,5 @@
 """``python -m rollout``: see :mod:`rollout.app.cli`."""
 
-import sys
+from rollout.app.cli import exit_process, main
 
-from rollout.app.cli import main
-
-sys.exit(main())
+exit_process(main())

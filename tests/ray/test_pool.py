@@ -19,6 +19,7 @@ def _cfg(router_url: str, *overrides: str):
 
 def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, retail):
     from rollout.core.pool import RolloutPool
+    from rollout.core.pool.actors import head_lost
 
     ids = retail.task_ids("base")[:4]
     with RolloutPool(_cfg(retail_stack.router_url, "rollout.n_samples_per_task=3")) as pool:
@@ -33,6 +34,8 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
             assert tuning["frozen"] > 50_000 and tuning["switch_interval_s"] == pytest.approx(0.001), tuning
         # and their coroutines run on uvloop (pool.event_loop's default), as each actor reports it
         assert [lag["event_loop"] for lag in pool.loop_lags()] == ["uvloop", "uvloop"]
+        # the head answers, so python -m rollout would end the normal way (rollout.app.cli.exit_process)
+        assert head_lost() is False
         # the driver and each actor record metrics (pool.metrics's default)
         assert pool.recorder.enabled and [info["metrics"] for info in pool.worker_infos()] == [True, True]
         # the same tasks can be submitted again: new group ids

@@ -44,6 +44,14 @@ def gcs_reachable(address: str | None, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def head_lost() -> bool:
+    """Whether this process is connected to a Ray cluster (``ray.init``) whose head's GCS no
+    longer answers (:func:`gcs_reachable`); False when it is not connected."""
+    if not ray.is_initialized():
+        return False
+    return not gcs_reachable(ray.get_runtime_context().gcs_address)  # the address is the worker's own (no call)
+
+
 def ray_address(configured: str | None) -> str | None:
     """``pool.ray_address``, or, when it is null and ``RAY_ADDRESS`` is unset: ``None`` (Ray
     connects to the cluster ``ray start`` last recorded on this machine) when that cluster
