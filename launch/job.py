@@ -16,6 +16,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rollout.app.cli import main  # noqa: E402
+from rollout.core import uptime  # noqa: E402
+from rollout.core.pipes import pipe_safe  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["run", "--no-progress", *sys.argv[1:]]))
+    sys.exit(pipe_safe(lambda: main(["run", "--no-progress", *sys.argv[1:]], started_at=uptime.STARTED_AT)))

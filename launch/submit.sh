@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submit a job to a Ray cluster with `ray job submit`.
 #
-#   launch/submit.sh [--address http://HEAD:8265] [--entry launch/job.py] [--no-wait] -- ARGS...
+#   launch/submit.sh [--address http://HEAD:8265] [--entry launch/job.py] [--python PATH] [--no-wait] -- ARGS...
 #
 # --entry is the script the job runs (default launch/job.py, the rollout job; e.g.
 # launch/train_grpo_tiny.py for the GRPO example); ARGS are its arguments, e.g.
@@ -13,6 +13,15 @@
 # (pip install -e . on every node, or add "pip" to the runtime env below).
 # `ray` is the project's own (.venv/bin/ray under the repository root; no need to activate the
 # virtual environment), else `ray` on PATH; $RAY_BIN overrides both.
+# The job runs `PYTHON ENTRY ARGS` on the head, PYTHON named by its path: Ray runs a job's entry
+# point with the head's PATH, whose `python` is not the project's when the head was started from
+# a virtual environment that was not activated. PYTHON is the `python` beside that `ray` (the
+# project's .venv/bin/python), so the path must be the same on the head; --python PATH names the
+# head's interpreter otherwise.
+# Token authentication (Ray >= 2.5x): `ray start --head` turns it on when it finds a token
+# ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, which any local ray.init() writes),
+# but `ray job submit` sends the token only with RAY_AUTH_MODE=token; this script sets that by the
+# same rule when RAY_AUTH_MODE is unset (a head without authentication ignores the token).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${RAY_BIN:-}" ]]; then
@@ -31,11 +40,13 @@ else
 fi
 address="${RAY_ADDRESS:-http://127.0.0.1:8265}"
 entry="launch/job.py"
+python=""
 wait_flag=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --address) address="$2"; shift 2 ;;
     --entry) entry="$2"; shift 2 ;;
+    --python) python="$2"; shift 2 ;;
     --no-wait) wait_flag="--no-wait"; shift ;;
     --) shift; break ;;
     *) break ;;
@@ -44,6 +55,17 @@ done
 if [[ ! -f "$here/$entry" ]]; then
   echo "submit.sh: --entry $entry: no such file in $here" >&2
   exit 2
+fi
+if [[ -z "$python" ]]; then
+  python="$(cd "$(dirname "$ray_bin")" && pwd)/python"  # not resolved: a venv's python is a link out of the venv
+  if [[ ! -x "$python" ]]; then
+    echo "submit.sh: no python beside $ray_bin to run the job with; pass --python PATH (the head's interpreter" \
+      "that has the project installed)" >&2
+    exit 2
+  fi
+fi
+if [[ -z "${RAY_AUTH_MODE+set}" ]] && { [[ -n "${RAY_AUTH_TOKEN:-}" ]] || [[ -n "${RAY_AUTH_TOKEN_PATH:-}" ]] || [[ -f ~/.ray/auth_token ]]; }; then
+  export RAY_AUTH_MODE=token
 fi
 runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
 # A head that has just started may not have its job agent yet: Ray then refuses the submission
@@ -55,7 +77,7 @@ deadline=$(( SECONDS + ${SUBMIT_AGENT_WAIT_S:-60} ))
 while true; do
   set +e
   "$ray_bin" job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
-    -- python "$entry" "$@" 2>&1 | tee "$log"
+    -- "$python" "$entry" "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
   if [[ $rc -ne 0 ]] && grep -q "No available agent to submit job" "$log" && (( SECONDS < deadline )); then

@@ -119,6 +119,10 @@ logger = logging.getLogger("train_grpo_tiny")
 TRAIN_DEFAULTS = [
     "env.task_ids=[10,25,50,57,65]",  # retail tasks whose gold outcome is "no database change"
     "env.max_steps=1",
+    # The scripted user: the conversation ends after the agent's one turn, and a task whose gold
+    # outcome leaves the database unchanged earns 1.0 (configs/vllm_cpu.yaml's llm user would make
+    # every episode max_steps with reward 0: every group filtered, no batch ever complete).
+    "env.user.kind=scripted",
     # Long turns make generation, not training, the bottleneck, as on a real cluster: the update
     # then meets the next batch mid-turn, and each step trains on two versions' tokens.
     "policy.sampling.max_new_tokens=512",
@@ -175,32 +179,37 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 class ServerProbe:
-    """Counts the ``/generate`` requests the local stack's servers are generating now.
+    """Counts the generate requests the local stack's servers are generating now.
 
-    Reads ``GET /get_server_info`` of every worker the router lists (``GET /workers``): a request
-    is generating when it is in flight and neither held nor paused (``num_inflight_requests -
-    num_held_requests - num_paused_requests``), i.e. admitted past the server's pause gate, so
-    that a pause in ``abort`` mode aborts it.
+    Reads every worker the router lists (``GET /workers``). The local stack's servers (SGLang's
+    protocol): ``GET /get_server_info``, where a request is generating when it is in flight and
+    neither held nor paused (``num_inflight_requests - num_held_requests - num_paused_requests``),
+    i.e. admitted past the server's pause gate, so that a pause in ``abort`` mode aborts it. vLLM
+    (``engine="vllm"``): ``GET /metrics``' ``vllm:num_requests_running`` (requests scheduled on
+    the engine, which ``/pause?mode=abort`` aborts; a request waiting for KV is not counted).
 
     Args:
         router_url: ``http://host:port`` of the router (``policy.router_url``, resolved).
         api_key: sent as ``Authorization: Bearer <key>`` (``policy.api_key_env``'s key), or ``None``.
         timeout_s: bound on each HTTP call, seconds.
+        engine: ``policy.engine`` (``sglang`` or ``vllm``).
     """
 
-    def __init__(self, router_url: str, api_key: str | None = None, timeout_s: float = 10.0):
+    def __init__(self, router_url: str, api_key: str | None = None, timeout_s: float = 10.0, engine: str = "sglang"):
         self.router_url = router_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.engine = engine
         self._urls: list[str] | None = None
 
-    def _get(self, url: str):
+    def _get(self, url: str, text: bool = False):
         req = urllib.request.Request(url, method="GET")
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                return json.loads(r.read())
+                raw = r.read()
+                return raw.decode() if text else json.loads(raw)
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"GET {url} answered {e.code}") from None
 
@@ -226,6 +235,10 @@ class ServerProbe:
         """
         n = 0
         for url in self.worker_urls():
+            if self.engine == "vllm":
+                n += sum(int(float(line.rsplit(" ", 1)[1])) for line in self._get(url + "/metrics", text=True).splitlines()
+                         if line.startswith("vllm:num_requests_running"))
+                continue
             info = self._get(url + "/get_server_info")
             n += max(0, int(info["num_inflight_requests"]) - int(info.get("num_held_requests", 0)) - int(info.get("num_paused_requests", 0)))
         return n
@@ -271,24 +284,34 @@ def run_ok(summary: dict, max_logprob_diff: float, allow_idle_updates: bool) -> 
     return allow_idle_updates or not summary["idle_updates"]
 
 
+def start_model(cfg, vocab_size: int):
+    """The servers' initial weights as the trainer's own model: the ``tiny`` backend's, rebuilt from
+    ``local.tiny``, or, with ``local.backend=vllm``, the checkpoint the vLLM servers start from
+    (written now if it is not there yet; the engine then finds it)."""
+    if cfg.local.backend == "vllm":
+        from rollout.devtools.check_engine import starting_weights
+
+        return starting_weights(cfg, None, vocab_size)
+    from rollout.devtools.local.tiny import build_tiny_model
+
+    return build_tiny_model(vocab_size, cfg.local.tiny)
+
+
 class TinyTrainer:
-    """The trainer's side: its own tiny model, snapshots of the weights of every version still in
-    use, the GRPO loss and the log-prob check.
+    """The trainer's side: its own copy of the servers' model, snapshots of the weights of every
+    version still in use, the GRPO loss and the log-prob check.
 
     Args:
-        tiny_cfg: ``local.tiny`` (the servers' initial weights are rebuilt from it: version
-            ``start_version``).
-        vocab_size: ``len(tokenizer)``.
+        model: the servers' initial weights (:func:`start_model`: version ``start_version``), a
+            ``transformers`` causal LM with ``.model`` and ``.lm_head``.
         temperature: the sampling temperature (log-probs are of ``softmax(logits / T)``).
     """
 
-    def __init__(self, tiny_cfg, vocab_size: int, temperature: float, lr: float, clip: float, start_version: int):
+    def __init__(self, model, temperature: float, lr: float, clip: float, start_version: int):
         import torch
 
-        from rollout.devtools.local.tiny import build_tiny_model
-
         self.torch = torch
-        self.model = build_tiny_model(vocab_size, tiny_cfg)
+        self.model = model
         self.model.requires_grad_(True)
         self.temperature = temperature if temperature > 0 else 1.0
         self.clip = clip
@@ -401,7 +424,8 @@ def episode_source(cfg, args):
         with open_pool(cfg, log_dir_name="train_stack_logs") as (rcfg, pool, task_ids):
             (out / CONFIG_FILE).write_text(cfg.to_yaml())  # names of key variables only, as rollout run writes
             pool.attach_journal(journal)
-            yield rcfg, pool, task_ids, ServerProbe(rcfg.policy.router_url, api_key_from_env(rcfg.policy.api_key_env))
+            yield rcfg, pool, task_ids, ServerProbe(rcfg.policy.router_url, api_key_from_env(rcfg.policy.api_key_env),
+                                                    engine=rcfg.policy.engine)
         status, reason = "finished", None
     except BaseException as e:
         reason = f"{type(e).__name__}: {e}"
@@ -428,14 +452,15 @@ def train(cfg, args) -> dict:
     from rollout.core.tokenizer import load_tokenizer
     from rollout.integrations.step_logger import open_step_logger, scalar_figures
 
-    if not (cfg.local.enabled and cfg.local.backend == "tiny"):
-        raise ValueError("train_grpo_tiny.py trains the local stack's tiny model: set local.enabled=true local.backend=tiny")
+    if not (cfg.local.enabled and cfg.local.backend in ("tiny", "vllm")):
+        raise ValueError("train_grpo_tiny.py trains the local stack's tiny model or the vLLM checkpoint: set local.enabled=true and "
+                         "local.backend=tiny (or use configs/vllm_cpu.yaml)")
     torch.set_num_threads(1)  # the servers and actors share this machine's cores
     out = Path(cfg.rollout.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_log.jsonl").write_text("")
     tokenizer = load_tokenizer(cfg.policy.tokenizer)
-    trainer = TinyTrainer(cfg.local.tiny, len(tokenizer), cfg.policy.sampling.temperature, args.lr, args.clip, cfg.rollout.weight_version)
+    trainer = TinyTrainer(start_model(cfg, len(tokenizer)), cfg.policy.sampling.temperature, args.lr, args.clip, cfg.rollout.weight_version)
     delivered: list[str] = []
     log: list[dict] = []
     b, ahead = args.groups_per_step, args.rollout_ahead

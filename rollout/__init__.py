@@ -7,9 +7,14 @@ invariant 6).
 The public API::
 
     from rollout import load_config, open_pool, RolloutPool, Batch, TrainingSample, Excluded
+    from rollout import register_benchmark, register_chat_format, register_sample_mode, register_context_strategy
 """
 
 from __future__ import annotations
+
+# First: the clock of this process's start-up (``python -m rollout`` imports this package before
+# anything else runs; rollout.core.uptime).
+from rollout.core import uptime as _uptime  # noqa: F401  isort: skip
 
 import importlib
 from typing import Any
@@ -24,6 +29,7 @@ _EXPORTS = {
     "load_config": "rollout.core.config",
     # a started pool, the local stack included (the wiring the CLI uses too)
     "open_pool": "rollout.app.wiring",
+    "register_engine": "rollout.core.engines",
     # the pool and how a run ends early
     "RolloutPool": "rollout.core.pool",
     "ReplayPool": "rollout.core.pool",
@@ -43,6 +49,12 @@ _EXPORTS = {
     "Excluded": "rollout.core.groups",
     # the run journal (resume)
     "RunJournal": "rollout.core.journal",
+    # the seams' registries (rollout.core.registry): a name registered here is selectable in the
+    # config (env.benchmark, policy.chat_format, rollout.sample_mode, policy.context_strategy)
+    "register_benchmark": "rollout.core.environment",
+    "register_chat_format": "rollout.core.formats.registry",
+    "register_sample_mode": "rollout.core.export",
+    "register_context_strategy": "rollout.core.context",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,5 +1,5 @@
 """``python -m rollout``: see :mod:`rollout.app.cli`."""
 
-from rollout.app.cli import exit_process, main
+from rollout.app.cli import cli
 
-exit_process(main())
+cli()

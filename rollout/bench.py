@@ -2,7 +2,8 @@
 
 import sys
 
+from rollout.core.pipes import pipe_safe
 from rollout.devtools.bench import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(pipe_safe(main))

@@ -65,6 +65,34 @@ def airline_stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_stack(tmp_path_factory):
+    """The session's real vLLM: 2 CPU servers behind vllm-router serving a random-weight Qwen3
+    checkpoint (``support.vllm_stack``: what it holds, how tests put it back). Skips when vLLM is
+    not installed (fails under ``TAU_ROLLOUT_REQUIRE_VLLM=1``). Tests using it live in files whose
+    path contains ``vllm`` (one xdist worker runs them all) and set a timeout that covers the start."""
+    from support.vllm_stack import start_session_stack
+
+    handle = start_session_stack(tmp_path_factory)
+    yield handle
+    handle.stack.stop()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, except that every test file whose path contains ``vllm`` goes to the
+    same worker (one vLLM stack per run: ``support.vllm_stack.vllm_scope``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from support.vllm_stack import vllm_scope
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return vllm_scope(nodeid) or nodeid.split("::", 1)[0]
+
+    return _Scheduling(config, log)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster shared by the Ray tests."""
     import ray

@@ -1,5 +1,5 @@
 """Command line: ``python -m rollout {run,eval,config} --config configs/local.yaml [key=value ...]``,
-``python -m rollout view OUTPUT_DIR`` and ``python -m rollout formats``.
+``python -m rollout view OUTPUT_DIR``, ``python -m rollout regrade RUN_DIR`` and ``python -m rollout formats``.
 
 ``run`` resolves the endpoints (starting the local stack when ``local.enabled``), starts the Ray
 pool, runs every task of the configured split ``rollout.n_samples_per_task`` times with a progress
@@ -7,16 +7,20 @@ bar, writes ``samples.jsonl`` / ``failed.jsonl`` / ``filtered.jsonl`` / ``summar
 ``rollout.output_dir`` through the same training policy as the trainer API
 (:meth:`rollout.core.pool.RolloutPool.stream`) and prints a summary table. ``eval`` runs the same
 episodes and prints pass^k / pass@k (:mod:`rollout.app.evaluation`). ``config`` prints the merged
-config. ``view`` serves the trajectory viewer over a run's output folder
-(:mod:`rollout.app.viewer`, docs/viewer.md) until SIGINT / SIGTERM. A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
+config (``config --keys``: every key of the schema with its type, default and doc). ``view`` serves the trajectory viewer over a run's output folder
+(:mod:`rollout.app.viewer`, docs/viewer.md) until SIGINT / SIGTERM. ``regrade`` grades a run's
+journaled episodes again with the benchmark installed now and writes the old and new rewards per
+task to ``RUN_DIR/regrade.json`` (:mod:`rollout.app.regrade`). A run is a journal (:mod:`rollout.core.journal`): ``--resume`` finishes a stopped run,
 ``--overwrite`` replaces one; ``--replay DIR`` runs nothing and replays the finished run in DIR
 through the training streams into the same files (:mod:`rollout.app.replay`). Exit status: 0 when every episode ended with a policy outcome, 3
 when some ended with an infrastructure failure, 2 on a bad config or an output directory that
 holds a run, 4 when the run could not go on (no healthy actor, Ray head lost), 130 / 143 when
-SIGINT / SIGTERM stopped it (the summary says ``interrupted``). Exit 2 is for what the user can
-fix, each one line naming the key or the file: a bad config value, a split or task the domain
-lacks, a file, folder, address or package a key names that cannot be had, a failed preflight
-check, an output directory that holds a run; for ``view``, a folder that is not a run's output or an
+SIGINT / SIGTERM stopped it (the summary says ``interrupted``), 141 (128 + SIGPIPE) when the
+reader of its output went away (``| head``; quietly, :func:`rollout.core.pipes.pipe_safe`). Exit 2
+is for what the user can fix, each one line naming the key or the file, before anything starts: a
+bad config value, a split or task the domain lacks (with the valid ids), a chat format that does
+not fit the tokenizer, a file, folder, address or package a key names that cannot be had, a failed
+preflight check, an output directory that holds a run; for ``view``, a folder that is not a run's output or an
 address it cannot listen on. Anything else is a bug and ends with Python's
 traceback (exit 1), never disguised as a config error.
 """
@@ -26,18 +30,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from rollout.app.args import int_arg, one_line_errors
+from rollout.app.regrade import add_parser as add_regrade_parser
+from rollout.app.signals import Interrupted, SignalStop
+from rollout.core import uptime
 from rollout.core.config import Config, ConfigError, load_config
+from rollout.core.pipes import pipe_safe
 from rollout.core.records import INFRA_STATUSES
 
 if TYPE_CHECKING:
-    from rollout.core.pool import RolloutPool
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("not delivered (--resume runs them)", str(summary["undelivered"])))
     for d, r in sorted(summary["mean_reward_per_domain"].items()):
         rows.append((f"mean reward ({d}, trainable)", f"{r:.4f}"))
+    raw = summary.get("mean_raw_reward_per_domain") or {}
+    if summary.get("reward_shaping") or any(raw.get(d, r) != r for d, r in summary["mean_reward_per_domain"].items()):
+        rows += [(f"  raw (tau2's, unshaped; {d})", f"{r:.4f}") for d, r in sorted(raw.items())]
+    rows += [(label, str(n)) for label, n in (("tasks skipped: open issues", (summary.get("skipped_tasks") or {}).get("open_issues", 0)),
+                                             ("episodes of tasks with open issues", summary.get("episodes_with_task_issues", 0))) if n]
     rows += [
         ("mean turns", f"{summary['mean_turns']:.2f}"),
         ("mean tokens / episode", f"{summary['mean_tokens']:.1f}"),
@@ -83,65 +95,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         out += [f"  {e['count']:>5} x {e['kind']}" for e in errors[:20]]
         if len(errors) > 20:
             out.append(f"  ... and {len(errors) - 20} more kinds (summary.json)")
+    for d in summary.get("journal_repairs") or []:
+        out.append(f"journal line set aside: {d['file']}:{d['line']} {d['kind']} ({d['size']} bytes: {d['reason']}); its episode ran again")
     if summary.get("status") not in (None, "finished"):
         out.append(f"run {summary['status']}: {summary.get('reason')}")
     return "\n".join(out)
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the run before the pool was running (a ``BaseException``, like
-    ``KeyboardInterrupt``)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class SignalStop:
-    """SIGINT / SIGTERM handling for a run, as a context manager (main thread only; a no-op
-    elsewhere). While :attr:`pool` is set, a signal asks the pool to stop
-    (:meth:`rollout.core.pool.RolloutPool.interrupt`: it cancels its in-flight episodes and raises
-    ``RunInterrupted`` within about a second); before, it raises :class:`Interrupted`. A second
-    signal is ignored, so the clean-up cannot be cut short (SIGKILL still ends everything, and
-    the journal keeps what was delivered). Previous handlers are restored on exit."""
-
-    def __init__(self) -> None:
-        self.pool: RolloutPool | None = None
-        self.received: str | None = None
-        self._old: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:
-            return
-        self.received = signal.Signals(signum).name
-        if self.pool is not None:
-            self.pool.interrupt(f"{self.received} received")
-        else:
-            raise Interrupted(signum)
-
-    def __enter__(self) -> "SignalStop":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.getsignal(sig)
-            self._install()
-        return self
-
-    def _install(self) -> None:
-        for sig in self._old:
-            signal.signal(sig, self._handle)
-
-    def attach(self, pool: "RolloutPool") -> None:
-        """Route signals to ``pool`` from now on. Installs the handlers again: ``ray.init``
-        replaces the SIGTERM handler with Ray's own, which aborts the process."""
-        self.pool = pool
-        self._install()
-
-    def __exit__(self, *exc) -> None:
-        for sig, h in self._old.items():
-            signal.signal(sig, h)
-
-
-def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite: bool = False,
+            started_at: float | None = None) -> dict[str, Any]:
     """Run the main job described by ``cfg`` as a journaled run (:mod:`rollout.core.journal`); returns
     the summary (also written to ``summary.json``, with ``status`` ``finished`` or
     ``interrupted`` and the ``reason``).
@@ -149,6 +111,9 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     Args:
         resume: finish the run ``rollout.output_dir`` holds (only its undelivered episodes run).
         overwrite: replace the run ``rollout.output_dir`` holds.
+        started_at: ``time.monotonic()`` when the command started (``None``: now). This session's
+            ``wall_s`` and ``startup_s`` (to every actor ready) count from it, so the start-up is
+            part of the wall time.
 
     Raises:
         rollout.core.journal.JournalError: the output directory holds a run and neither flag was
@@ -159,14 +124,16 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     from tqdm import tqdm
 
     from rollout.app.preflight import check_output_dir
-    from rollout.app.wiring import LAST_STARTUP, open_pool
+    from rollout.app.wiring import open_pool
     from rollout.core.groups import Excluded
-    from rollout.core.journal import RunJournal
+    from rollout.core.journal import OutputWriteError, RunJournal
     from rollout.core.output import RunWriter
     from rollout.core.pool import RunAborted
+    from rollout.core.tasks import skipped_summary
 
+    started_at = time.monotonic() if started_at is None else started_at
     check_output_dir(cfg.rollout.output_dir)  # one line, before the journal creates it
-    journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite)
+    journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite, session_start=started_at)
     writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
     status, reason, undelivered = "interrupted", "the run stopped before it started", 0
     pool = None
@@ -193,41 +160,60 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
                     bar.total = max(bar.total, pool.stats()["episodes_submitted"] + already)  # re-runs of failed group members
                     bar.refresh()
                 status, reason = "finished", None
-            except RunAborted as e:  # RunInterrupted (a signal), no healthy actor, the Ray head lost
+            except RunAborted as e:  # RunInterrupted (a signal), no healthy actor, the Ray head lost, the journal's disk full
                 reason, undelivered = str(e), len(e.undelivered)
                 logger.warning("run stopped: %s (journaled; --resume runs the rest)", reason)
+            except OutputWriteError as e:  # a result file's disk full: the journal holds what it lacks
+                reason, undelivered = f"{e}; the run stops (the journal keeps every episode delivered): free space, then resume", \
+                    len(pool.abort_outstanding())
+                logger.warning("run stopped: %s", reason)
             finally:
                 signals.pool = None
                 bar.close()
     except Interrupted as e:  # during start-up or shut-down
         reason = f"{e} received"
     finally:
-        journal.close(status, reason)
+        try:
+            journal.close(status, reason)
+        except OutputWriteError as e:  # run.json could not be written: the run is not recorded as ended
+            reason = f"{e}; free space, then resume" if status == "finished" else f"{reason}; and {e}"
+            status = "interrupted"
         st = pool.stats() if pool is not None else {}
-        summary = writer.close({
+        summary = _close_writer(writer, {
             "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
             "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
             "sample_mode": str(cfg.rollout.sample_mode), "history": str(cfg.policy.history),
             "context_strategy": cfg.policy.context_strategy, "max_context_tokens": cfg.policy.max_context_tokens,
+            "reward_shaping": list(cfg.rollout.reward_shaping.shapers), "open_issues": str(cfg.env.open_issues),
+            "skipped_tasks": skipped_summary(pool.task_selection if pool is not None else None),
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
             "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
-            # this session's start-up (from the command to every actor ready) and episode phase
-            # (from then to the last delivery), seconds; None where it did not get there
-            "startup_s": LAST_STARTUP.get("process_start_to_ready_s") if ready_at is not None else None,
+            # this session's start-up (from the command's start, started_at, to every actor ready)
+            # and episode phase (from then to the last delivery), seconds, parts of wall_s; None
+            # where it did not get there
+            "startup_s": round(ready_at - started_at, 3) if ready_at is not None else None,
             "episodes_phase_s": round(last_at - ready_at, 3) if ready_at is not None and last_at is not None else None,
+            # the damaged journal lines this session's resume set aside (file, line, kind; their episodes ran again)
+            "journal_repairs": [d.as_dict() for d in journal.repairs],
         })
     return summary
 
 
+def _close_writer(writer, extra: dict[str, Any]) -> dict[str, Any]:
+    """``writer.close(extra)``; a ``summary.json`` that could not be written (a full disk) makes
+    the run ``interrupted`` with that reason (the summary is still returned, for the CLI)."""
+    from rollout.core.journal import OutputWriteError
+
+    try:
+        return writer.close(extra)
+    except OutputWriteError as e:
+        reason = f"{e}; free space, then resume"
+        return {**e.summary, "status": "interrupted", "reason": reason if extra.get("status") == "finished" else extra.get("reason")}
+
+
 def _port(text: str) -> int:
     """A TCP port number, 0 to 65535 (argparse type: a bad one is a usage error, exit 2)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
-    return port
+    return int_arg(text, "a port number", 0, 65535)
 
 
 def view(args: argparse.Namespace) -> int:
@@ -273,7 +259,20 @@ def parse_args_with_overrides(parser: argparse.ArgumentParser, argv: list[str] |
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print_keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``config --keys``: print every key of the schema, its type, default and doc
+    (:func:`rollout.core.config.schema_keys`); exit status 0 (2 through ``parser.error`` when
+    ``--config`` or overrides come with it)."""
+    if args.config is not None or args.overrides:
+        parser.error("config --keys prints the schema: it takes no --config or overrides")
+    from rollout.core.config import schema_keys
+
+    print("\n".join(k.describe() for k in schema_keys()))
+    return 0
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line's parser, and the ``config`` command's own (``config --keys`` reports its usage errors)."""
     parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the rollout job")
@@ -289,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="run every task n times; print pass^k, pass@k and mean reward, write eval.json")
     ev.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--overwrite", action="store_true", help="replace the run in rollout.output_dir (an evaluation writes a run folder)")
     ev.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n_samples_per_task=4")
     show = sub.add_parser("config", help="print the merged config and exit")
     show.add_argument("--config", "-c", default=None)
+    show.add_argument("--keys", action="store_true", help="print every key of the schema instead: its type, default and doc")
     show.add_argument("overrides", nargs="*")
     fmts = sub.add_parser("formats", help="list the chat formats (model families): detection, offline vocabulary, tested")
     fmts.add_argument("--json", action="store_true", help="print a JSON list of objects (name, tokenizer, tested, ...)")
@@ -303,13 +304,28 @@ def main(argv: list[str] | None = None) -> int:
     vw.add_argument("--compare", metavar="OTHER_DIR", default=None, help="a second run's output folder: both side by side by task")
     vw.add_argument("--tokenizer", default=None, help="decode tokens with this tokenizer instead of the run's policy.tokenizer")
     vw.set_defaults(overrides=[])
+    add_regrade_parser(sub)
+    return parser, show
+
+
+def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
+    """The command ``argv`` (``None``: ``sys.argv[1:]``); returns its exit status (module
+    docstring). ``started_at``: ``time.monotonic()`` when the command started, where ``run``'s wall
+    time and start-up count from (``None``: this call; :func:`cli` passes the interpreter's start,
+    :data:`rollout.core.uptime.STARTED_AT`)."""
+    started_at = time.monotonic() if started_at is None else started_at
+    parser, show = build_parser()
     args = parse_args_with_overrides(parser, argv)
+    if args.command == "regrade":
+        return _regrade(args)
     if args.command == "view":
         if args.overrides:
             parser.error(f"unrecognized arguments: {' '.join(args.overrides)}")
         return view(args)
     if args.command == "run" and args.replay is not None:
         return _replay(args)
+    if args.command == "config" and args.keys:
+        return _print_keys(args, show)
     if args.command == "formats":
         from rollout.app.formats import format_table, formats_json
 
@@ -340,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             from rollout.app.evaluation import EVAL_FILE, format_eval, run_eval
 
-            result = run_eval(cfg, progress=not args.no_progress)
+            result = run_eval(cfg, progress=not args.no_progress, overwrite=args.overwrite)
         else:
-            summary = run_job(cfg, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite)
+            summary = run_job(cfg, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite, started_at=started_at)
     except ConfigError as e:  # found once the domain loads: env.task_split / env.task_ids
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -375,21 +391,42 @@ def _replay(args: argparse.Namespace) -> int:
     if args.resume:
         print("error: --replay runs nothing, so there is nothing to --resume", file=sys.stderr)
         return 2
-    try:
+    def work() -> dict[str, Any]:
         cfg = replay_config(args.replay, args.config, args.overrides)
         setup_logging(cfg.logging)
-        summary = replay_job(args.replay, cfg, overwrite=args.overwrite)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except (JournalError, PreflightError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return replay_job(args.replay, cfg, overwrite=args.overwrite)
+
+    summary = one_line_errors(work, (JournalError, PreflightError))
+    if summary is None:
         return 2
     print(format_summary(summary))
     files = summary["files"]
     print(f"replay of {args.replay}: samples: {files['samples.jsonl']}  (kept out of training: {files['failed.jsonl']}, {files['filtered.jsonl']})")
     infra = sum(n for st, n in summary["status_counts"].items() if st in {s.value for s in INFRA_STATUSES})
     return 3 if infra else 0
+
+
+def _regrade(args: argparse.Namespace) -> int:
+    """``regrade RUN_DIR`` (:mod:`rollout.app.regrade`): 0, 3 when some episode could not be re-graded, 2 (one
+    line) for a bad config, a folder that is not a run, a run without conversations or a benchmark that cannot re-grade."""
+    from rollout.app.preflight import check_config
+    from rollout.app.regrade import RegradeRefused, format_regrade, regrade_run
+    from rollout.core.journal import JournalError, check_run_folder, load_run_config
+    from rollout.core.logs import setup_logging
+
+    def work() -> dict[str, Any]:
+        check_run_folder(args.run_dir)
+        cfg = load_config(args.config, args.overrides) if args.config is not None else load_run_config(args.run_dir, args.overrides)
+        check_config(cfg)  # env.domain in the installed benchmark, one line
+        setup_logging(cfg.logging)
+        return regrade_run(args.run_dir, cfg, out=args.out, workers=args.workers, progress=not args.no_progress)
+
+    report = one_line_errors(work, (JournalError, RegradeRefused))
+    if report is None:
+        return 2
+    print(format_regrade(report))
+    print(f"regrade: {report['file']}")
+    return 3 if report["errors"] else 0
 
 
 def exit_process(code: int) -> NoReturn:
@@ -411,5 +448,14 @@ def exit_process(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def cli() -> NoReturn:
+    """The command's entry point (``python -m rollout`` and the ``rollout`` script): :func:`main`
+    on ``sys.argv``, its times counted from the interpreter's start (:mod:`rollout.core.uptime`:
+    not from the process id's creation, which a shell's ``exec`` keeps), pipe-safe
+    (:func:`rollout.core.pipes.pipe_safe`: a reader that stops early, as ``| head``, ends it
+    quietly with exit 141), then :func:`exit_process`."""
+    exit_process(pipe_safe(lambda: main(started_at=uptime.STARTED_AT)))
+
+
 if __name__ == "__main__":
-    exit_process(main())
+    cli()

@@ -20,6 +20,13 @@ Success is tau2's ``is_successful(reward)`` (reward 1 within 1e-6). Infrastructu
 (:attr:`rollout.core.records.EpisodeStatus.is_infrastructure_failure`) and ``cancelled`` episodes are
 left out of every denominator and counted beside them. A task with fewer valid trials than k is
 left out of that k's average; the number of tasks counted per k is reported.
+
+An evaluation is a run folder like the main job's (so ``python -m rollout view`` opens it, and
+``run --replay`` reads it): the journal (``run.json``, ``specs.jsonl``, ``episodes.jsonl``: every
+episode with its conversation and tokens, :mod:`rollout.core.journal`), ``config.yaml``,
+``samples.jsonl`` (the valid trials, as ``rollout.sample_mode`` cuts them), ``failed.jsonl`` (the
+episodes left out of the denominators), ``summary.json`` (:mod:`rollout.core.output`), and
+``eval.json``.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
     from rollout.core.config import Config
 
 EVAL_FILE = "eval.json"
+# The statuses of valid trials (what pass^k counts): the policy outcomes. An evaluation writes
+# these episodes to samples.jsonl and the others (infrastructure failures, cancelled) to failed.jsonl.
+VALID_TRIAL_STATUSES = tuple(s.value for s in EpisodeStatus if not (s.is_infrastructure_failure or s is EpisodeStatus.CANCELLED))
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ class Outcome:
         domain: tau2 domain name.
         task_id: tau2 task id (a string).
         status: how the episode ended.
-        reward: tau2's reward in [0, 1] (ignored unless ``status`` is a policy outcome).
+        reward: tau2's reward in [0, 1] (ignored unless ``status`` is a policy outcome): an
+            episode's ``raw_reward``, never the shaped one (pass^k counts tau2's successes).
     """
 
     domain: str
@@ -75,7 +86,8 @@ class Outcome:
         if isinstance(item, Outcome):
             return item
         if isinstance(item, InteractionResult):
-            return cls(item.spec.domain, str(item.spec.task_id), EpisodeStatus(item.status), float(item.reward))
+            raw = item.reward if item.raw_reward is None else item.raw_reward  # tau2's, not rollout.reward_shaping's
+            return cls(item.spec.domain, str(item.spec.task_id), EpisodeStatus(item.status), float(raw))
         if len(item) != 4:
             raise ValueError(f"expected (domain, task_id, status, reward), got {item!r}")
         domain, task_id, status, reward = item
@@ -249,47 +261,90 @@ def format_eval(summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def run_eval(cfg: "Config", progress: bool = True) -> dict[str, Any]:
+def run_eval(cfg: "Config", progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Run every task of ``env.task_split`` / ``env.task_ids`` ``rollout.n_samples_per_task``
-    times on the pool, and write ``<rollout.output_dir>/eval.json``.
+    times on the pool, into a run folder at ``rollout.output_dir`` (see the module docstring),
+    and write ``eval.json`` there.
+
+    Args:
+        progress: show a progress bar on stderr.
+        overwrite: replace the run the folder holds (its journal, result files, summary and
+            ``eval.json``); without it a folder that holds a run is refused.
 
     Returns:
         :func:`summarize`'s dict (k = 1..``n_samples_per_task``) plus ``"domain"``,
-        ``"task_split"``, ``"tasks_requested"``, ``"n_samples_per_task"`` and ``"wall_s"``
+        ``"task_split"``, ``"tasks_requested"``, ``"skipped_tasks"`` (the tasks ``env.open_issues=skip`` left
+        out: :func:`rollout.core.tasks.skipped_summary`), ``"n_samples_per_task"`` and ``"wall_s"``
         (seconds, from pool start to the last result); the same is written to ``eval.json``.
 
     Raises:
+        rollout.core.journal.JournalError: ``rollout.output_dir`` holds a run and ``overwrite``
+            is False (before anything starts).
+        rollout.app.preflight.PreflightError: ``rollout.output_dir`` cannot be written, or a
+            start-up check failed.
         rollout.core.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
     from tqdm import tqdm
 
+    from rollout.app.preflight import check_output_dir
     from rollout.app.wiring import open_pool
+    from rollout.core.export import get_exporter
+    from rollout.core.groups import Excluded
+    from rollout.core.journal import JournalError, RunJournal, holds_run
+    from rollout.core.output import RunWriter
+    from rollout.core.tasks import skipped_summary
 
+    out_dir = Path(cfg.rollout.output_dir)
+    check_output_dir(out_dir)
+    if holds_run(out_dir) and not overwrite:
+        raise JournalError(f"{out_dir} holds a run; an evaluation writes a run folder of its own: pass --overwrite to replace it, "
+                           "or name another rollout.output_dir")
+    journal = RunJournal.open(out_dir, cfg, overwrite=overwrite)
+    (out_dir / EVAL_FILE).unlink(missing_ok=True)  # an earlier evaluation's, replaced
+    writer = RunWriter(out_dir, VALID_TRIAL_STATUSES)
+    exporter = get_exporter(cfg.rollout.sample_mode, keep_messages=cfg.rollout.keep_messages)
     n = cfg.rollout.n_samples_per_task
-    with open_pool(cfg) as (cfg, pool, task_ids):
-        t0 = time.monotonic()
-        specs = pool.submit_tasks(task_ids, n_samples_per_task=n)
-        bar = tqdm(total=len(specs), desc=f"{cfg.env.domain} eval", unit="ep", disable=not progress, file=sys.stderr)
-        outcomes: list[Outcome] = []
-        reward_sum = 0.0
-        for result in pool.results():
-            o = Outcome.of(result)  # keep only what evaluation needs, not the trajectories
-            outcomes.append(o)
-            reward_sum += o.reward
-            bar.update(1)
-            bar.set_postfix(reward=f"{reward_sum / len(outcomes):.3f}", status=o.status.value)
-        bar.close()
-        wall_s = time.monotonic() - t0
+    outcomes: list[Outcome] = []
+    status, reason, task_ids, wall_s, pool = "interrupted", "the evaluation stopped before it ended", [], 0.0, None
+    try:
+        with open_pool(cfg) as (rcfg, pool, task_ids):
+            (out_dir / "config.yaml").write_text(cfg.to_yaml())  # names of key variables only, never keys
+            pool.attach_journal(journal)  # every episode, with its conversation and tokens, into episodes.jsonl
+            t0 = time.monotonic()
+            specs = pool.submit_tasks(task_ids, n_samples_per_task=n)
+            bar = tqdm(total=len(specs), desc=f"{cfg.env.domain} eval", unit="ep", disable=not progress, file=sys.stderr)
+            reward_sum = 0.0
+            for result in pool.results():
+                o = Outcome.of(result)
+                outcomes.append(o)
+                if o.is_valid_trial:
+                    writer.add_group(exporter.export(result))
+                else:
+                    writer.add_excluded(Excluded(result.to_sample(cfg.rollout.keep_messages), o.status.value))
+                reward_sum += o.reward
+                bar.update(1)
+                bar.set_postfix(reward=f"{reward_sum / len(outcomes):.3f}", status=o.status.value)
+            bar.close()
+            wall_s = time.monotonic() - t0
+            status, reason = "finished", None
+    except BaseException as e:  # noqa: BLE001 (recorded in run.json and summary.json, then raised again)
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+        raise
+    finally:
+        journal.close(status, reason)
+        writer.close({"status": status, "reason": reason, "command": "eval", "domain": cfg.env.domain, "task_split": cfg.env.task_split,
+                      "n_samples_per_task": n, "sample_mode": str(cfg.rollout.sample_mode), "eval": str(out_dir / EVAL_FILE),
+                      "reward_shaping": list(cfg.rollout.reward_shaping.shapers), "open_issues": str(cfg.env.open_issues),
+                      "skipped_tasks": skipped_summary(pool.task_selection if pool is not None else None), "wall_s": journal.wall_s})
     summary = {
         "domain": cfg.env.domain,
         "task_split": cfg.env.task_split,
         "tasks_requested": len(task_ids),
+        "skipped_tasks": skipped_summary(pool.task_selection if pool is not None else None),
         "n_samples_per_task": n,
         "wall_s": wall_s,
         **summarize(outcomes, max_k=n),
     }
-    out_dir = Path(cfg.rollout.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / EVAL_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

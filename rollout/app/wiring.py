@@ -1,9 +1,11 @@
 """Wiring: what a job needs started before its first episode, as one context manager.
 
 :func:`open_pool` is the library's way to a running pool: it checks what can be checked before
-anything starts, starts the local stack when ``local.enabled`` (and points ``policy.router_url``
-at its router), runs the preflight checks, starts the Ray pool, and stops all of it on exit. The
-CLI (:mod:`rollout.app.cli`), evaluation, the benches and trainers use it alike::
+anything starts, starts the job's engine (the local stack when ``local.enabled``, reached through
+the engine registry, :mod:`rollout.core.engines`) and points ``policy.router_url`` at its router,
+runs the preflight checks (with the benchmark's own hooks, :func:`rollout.core.environment.benchmark_hook`),
+starts the Ray pool, and stops all of it on exit. The CLI (:mod:`rollout.app.cli`), evaluation,
+the benches and trainers use it alike::
 
     from rollout import load_config, open_pool
 
@@ -20,74 +22,108 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from rollout.core import uptime
 from rollout.core.config import Config
+from rollout.core.engines import Engine, EngineJob, engine_for, get_engine
 
 if TYPE_CHECKING:
     from rollout.core.pool import RolloutPool
+    from rollout.core.tasks import TaskSelection
+
+__all__ = ["STARTUP_MODES", "StartupTimeline", "open_pool", "process_age_s", "resolve_endpoints"]
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_endpoints(cfg: Config, router_url: str | None) -> Config:
-    """Fill ``policy.router_url`` (and the llm user's ``base_url``) from the local stack's router."""
+    """Fill ``policy.router_url`` (and the llm user's and the NL-assertion judge's ``base_url``) from
+    the engine's router (the local stack's)."""
     policy = cfg.policy
     user = cfg.env.user
+    judge = cfg.env.judge
     if router_url is not None:
         policy = dataclasses.replace(policy, router_url=router_url)
         if user.kind == "llm" and user.base_url is None:
             # the local router serves the user simulator too, behind the same key
             user = dataclasses.replace(user, base_url=router_url.rstrip("/") + "/v1", model=user.model or "local",
                                        api_key_env=user.api_key_env or policy.api_key_env)
-    env = dataclasses.replace(cfg.env, user=user)
+        if judge.kind == "llm" and judge.base_url is None:
+            # and the judge (the gold-replay backend answers as a deterministic stand-in judge)
+            judge = dataclasses.replace(judge, base_url=router_url.rstrip("/") + "/v1", model=judge.model or "local",
+                                        api_key_env=judge.api_key_env or policy.api_key_env)
+    env = dataclasses.replace(cfg.env, user=user, judge=judge)
     return dataclasses.replace(cfg, policy=policy, env=env)
 
 
 # How open_pool orders the start-up: "overlapped" (the default) or "serial" (the order before
 # issue 23, kept for `python -m rollout.bench startup`, which runs both side by side).
 STARTUP_MODES = ("overlapped", "serial")
-STARTUP = "overlapped"
-# The last start-up's timeline (open_pool fills it; python -m rollout.bench startup reads it).
-LAST_STARTUP: dict = {}
 
 
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux: ``/proc/self/stat``'s start time against the
-    boot clock, 10 ms resolution); ``None`` elsewhere."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
+def process_age_s() -> float:
+    """Seconds since this process's interpreter started (:func:`rollout.core.uptime.process_age_s`:
+    from its import of :mod:`rollout`, not from the process id's creation, which ``exec`` keeps)."""
+    return uptime.process_age_s()
 
 
-class _Timeline:
-    """Start and end of each start-up phase, seconds since :func:`open_pool` was called, and how
-    old the process was then (for the CLI: the imports and config before it)."""
+@dataclass
+class StartupTimeline:
+    """One :func:`open_pool` start-up's timeline: start and end of each phase, in seconds since
+    ``open_pool`` was called, and how old the process was then (:func:`process_age_s`; for the CLI:
+    the imports and the config before it). Pass one to ``open_pool(cfg, timeline=...)`` to read it
+    (``python -m rollout.bench startup`` does); ``open_pool`` fills it as it goes.
 
-    def __init__(self, mode: str):
-        age = process_age_s()
+    Attributes:
+        mode: the start-up order (:data:`STARTUP_MODES`).
+        process_age_at_open_pool_s: :func:`process_age_s` when ``open_pool`` was called.
+        phases: phase name -> ``[start_s, end_s]`` (``checks``, ``local_stack``, ``preflight``,
+            ``ray_and_actors`` or ``ray_and_actor_launch`` and ``actors_ready``); overlapped ones overlap.
+        actors_ready_s: seconds from ``open_pool`` to every actor ready (None until then).
+        process_start_to_ready_s: the same from the interpreter's start (None until then).
+    """
+
+    mode: str = STARTUP_MODES[0]
+    process_age_at_open_pool_s: float = 0.0
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    actors_ready_s: float | None = None
+    process_start_to_ready_s: float | None = None
+    t0: float = field(default_factory=time.monotonic, repr=False)  # time.monotonic() at open_pool
+
+    def begin(self, mode: str) -> None:
+        """Start the clock now, for a start-up in ``mode`` (what was recorded before is dropped)."""
+        self.mode, self.phases, self.actors_ready_s, self.process_start_to_ready_s = mode, {}, None, None
+        self.process_age_at_open_pool_s = round(process_age_s(), 3)
         self.t0 = time.monotonic()
-        self.data: dict = {"mode": mode, "process_age_at_open_pool_s": None if age is None else round(age, 3), "phases": {}}
 
-    def now(self) -> float:
-        return round(time.monotonic() - self.t0, 3)
+    def now(self, at: float | None = None) -> float:
+        """Seconds since :meth:`begin`, of now or of the ``time.monotonic()`` reading ``at``."""
+        return round((time.monotonic() if at is None else at) - self.t0, 3)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Record the block's span as phase ``name`` (also when it raises)."""
         start = self.now()
         try:
             yield
         finally:
-            self.data["phases"][name] = [start, self.now()]
+            self.phases[name] = [start, self.now()]
 
-    def mark(self, name: str, start: float) -> None:
-        self.data["phases"][name] = [start, self.now()]
+    def ready(self) -> None:
+        """Every actor is ready now."""
+        self.actors_ready_s = self.now()
+        self.process_start_to_ready_s = round(self.process_age_at_open_pool_s + self.actors_ready_s, 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The timeline as plain values (``mode``, ``process_age_at_open_pool_s``, ``phases``,
+        ``actors_ready_s``, ``process_start_to_ready_s``), as the startup bench writes it."""
+        out = dataclasses.asdict(self)
+        del out["t0"]
+        return out
 
 
 def _timed(fn):
@@ -99,134 +135,146 @@ def _timed(fn):
 
 
 @contextlib.contextmanager
-def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str | None = None) -> Iterator[tuple[Config, "RolloutPool", list[str]]]:
-    """Start what a job needs and stop it afterwards: the local stack (when ``local.enabled``) and
-    the Ray pool, with the preflight checks (:func:`rollout.app.preflight.run_preflight`).
+def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str = "overlapped",
+              timeline: StartupTimeline | None = None) -> Iterator[tuple[Config, "RolloutPool", list[str]]]:
+    """Start what a job needs and stop it afterwards: the job's engine (the local stack, when
+    ``local.enabled``: :func:`rollout.core.engines.engine_for`) and the Ray pool, with the preflight
+    checks (:func:`rollout.app.preflight.run_preflight`, the user simulator checked by the
+    benchmark's ``check_user`` hook).
 
-    Start-up order (``startup``, default :data:`STARTUP`):
+    Start-up order (``startup``):
 
-    * ``overlapped``: the checks that need nothing started (:func:`~rollout.app.preflight.check_before_start`),
-      then the local stack starts in a thread (its router on a port chosen here, so that the
-      actors know their endpoint before it answers) while this thread starts Ray and creates the
-      actors (:meth:`RolloutPool.start` with ``wait=False``) and reads the task ids; once the
-      stack is up the preflight checks run, then the actors are waited for and told that the
-      router answered (:meth:`RolloutPool.arm_breakers`). A failed check stops what started.
-      Without a local stack (``local.enabled=false``) the endpoints are up already: the
-      preflight runs first, before anything starts (a dead router is one line in seconds).
-    * ``serial``: one after the other, as before: checks, task ids, local stack, preflight, Ray
-      and the actors.
+    * ``overlapped`` (the default): the checks that need nothing started
+      (:func:`~rollout.app.preflight.check_before_start`, the task ids among them), then the engine
+      starts in a thread (its router on a port chosen when it is made, so that the actors know
+      their endpoint before it answers) while this thread starts Ray and creates the actors
+      (:meth:`RolloutPool.start` with ``wait=False``); once the engine is up the preflight checks
+      run, then the actors are waited for and told that the router answered
+      (:meth:`RolloutPool.arm_breakers`). A failed check stops what started. Without an engine
+      (``local.enabled=false``) the endpoints are up already: the preflight runs first, before
+      anything starts (a dead router is one line in seconds).
+    * ``serial``: one after the other, as before issue 23: checks (the task ids among them),
+      engine, preflight, Ray and the actors.
 
-    The phases' times, from the command's start, are logged at INFO and kept in
-    :data:`LAST_STARTUP` (``python -m rollout.bench startup`` prints both orders side by side).
+    The phases' times, from the interpreter's start (:func:`process_age_s`), are logged at INFO
+    and kept in ``timeline`` (``python -m rollout.bench startup`` prints both orders side by side).
 
     Args:
         cfg: the whole config; ``policy.router_url`` may be null when ``local.enabled``.
-        log_dir_name: the local stack's log folder, under ``rollout.output_dir``.
-        startup: ``overlapped`` or ``serial`` (``None``: :data:`STARTUP`).
+        log_dir_name: the engine's log folder, under ``rollout.output_dir``.
+        startup: ``overlapped`` or ``serial``.
+        timeline: a :class:`StartupTimeline` to fill (None: one of its own, only logged).
 
     Yields:
         ``(cfg, pool, task_ids)``: the config with its endpoints resolved, the started pool, and
-        the task ids of ``env.task_split`` / ``env.task_ids``.
+        the task ids of ``env.task_split`` / ``env.task_ids`` that run (``env.open_issues=skip``
+        leaves out the tasks with an open issue: ``pool.task_selection`` says which,
+        :class:`rollout.core.tasks.TaskSelection`).
 
     Raises:
         rollout.app.preflight.PreflightError: a check before anything starts
-            (:func:`rollout.app.preflight.check_before_start`) or once the stack is up
+            (:func:`rollout.app.preflight.check_before_start`) or once the engine is up
             (:func:`rollout.app.preflight.run_preflight`) failed; one line naming the key.
-        rollout.core.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
-        RuntimeError: the local stack or an actor failed to start.
+        rollout.core.config.ConfigError: before anything starts, one line naming the key:
+            ``env.task_ids`` names tasks the domain lacks or ``env.task_split`` a split it lacks
+            (a ``TaskSelectionError``), ``policy.chat_format`` does not fit ``policy.tokenizer``,
+            or a value :func:`rollout.app.preflight.check_config` refuses.
+        RuntimeError: the engine or an actor failed to start.
         ValueError: an unknown ``startup``.
     """
-    from rollout.app.preflight import check_before_start, run_preflight
-    from rollout.benchmarks.tau2.user import check_user_simulator
-    from rollout.core.pool import RolloutPool
-
-    mode = STARTUP if startup is None else startup
-    if mode not in STARTUP_MODES:
-        raise ValueError(f"startup={mode!r}: one of {', '.join(STARTUP_MODES)}")
-    timeline = _Timeline(mode)
-    LAST_STARTUP.clear()
-    stack = None
-    stack_start: concurrent.futures.Future | None = None  # the local stack starting in a thread
-    starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="local-stack-start")
-    pool = None
+    if startup not in STARTUP_MODES:
+        raise ValueError(f"startup={startup!r}: one of {', '.join(STARTUP_MODES)}")
+    timeline = StartupTimeline() if timeline is None else timeline
+    timeline.begin(startup)
+    run = _Startup(cfg, Path(cfg.rollout.output_dir) / log_dir_name, timeline)
     try:
-        with timeline.phase("checks"):
-            check_before_start(cfg)  # keys, packages, Ray address, tokenizer, output dir: one line each, before anything starts
-        if mode == "serial":
-            with timeline.phase("task_ids"):
-                task_ids = _task_ids(cfg)
-            if cfg.local.enabled:
-                with timeline.phase("local_stack"):
-                    stack = _local_stack(cfg, cfg.local, log_dir_name)
-                    stack.start()
-                cfg = resolve_endpoints(cfg, stack.router_url)
-            with timeline.phase("preflight"):
-                run_preflight(cfg, check_user=check_user_simulator)
-            with timeline.phase("ray_and_actors"):
-                pool = RolloutPool(cfg).start()
+        selection = run.serial() if startup == "serial" else run.overlapped()
+        run.pool.task_selection = selection
+        task_ids = list(selection.task_ids)
+        timeline.ready()
+        logger.info("start-up (%s): actors ready %.2f s after open_pool (%.2f s after the interpreter started): %s", startup,
+                    timeline.actors_ready_s, timeline.process_start_to_ready_s,
+                    ", ".join(f"{k} {a:.2f}-{b:.2f} s" for k, (a, b) in timeline.phases.items()))
+        logger.info("chat template probe (%s):\n%s", run.cfg.policy.tokenizer, run.pool.worker_infos()[0]["template_probe"])
+        yield run.cfg, run.pool, task_ids
+    finally:
+        run.close()
+
+
+class _Startup:
+    """One :func:`open_pool` start-up: what it started (the engine, the pool), each start-up order
+    as a method, and how to stop it all. ``cfg`` gets the engine's router once it is made."""
+
+    def __init__(self, cfg: Config, log_dir: Path, timeline: StartupTimeline):
+        self.cfg = cfg
+        self.log_dir = log_dir
+        self.timeline = timeline
+        self.engine: Engine | None = None
+        self.pool: RolloutPool | None = None
+        self._starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-start")
+
+    def _checks(self) -> TaskSelection:
+        from rollout.app.preflight import check_before_start
+
+        with self.timeline.phase("checks"):  # keys, packages, tasks, Ray address, tokenizer, chat format, output dir: one line each
+            return check_before_start(self.cfg)
+
+    def _make_engine(self) -> Engine | None:
+        """The job's engine, made (its router's port chosen) but not started; None without one."""
+        name = engine_for(self.cfg)
+        if name is not None:
+            kind = get_engine(name)
+            self.engine = kind(getattr(self.cfg, kind.section), EngineJob.of(self.cfg, self.log_dir))
+            self.cfg = resolve_endpoints(self.cfg, self.engine.router_url)
+        return self.engine
+
+    def _preflight(self) -> None:
+        from rollout.app.preflight import run_preflight
+        from rollout.core.environment import benchmark_hook
+
+        with self.timeline.phase("preflight"):
+            run_preflight(self.cfg, check_user=benchmark_hook(self.cfg.env.benchmark, "check_user"),
+                          check_env=benchmark_hook(self.cfg.env.benchmark, "check_env"))
+
+    def serial(self) -> TaskSelection:
+        """Checks, engine, preflight, Ray and the actors, one after the other; the tasks selected."""
+        from rollout.core.pool import RolloutPool
+
+        selection = self._checks()
+        if self._make_engine() is not None:
+            with self.timeline.phase("local_stack"):
+                self.engine.start()
+        self._preflight()
+        with self.timeline.phase("ray_and_actors"):
+            self.pool = RolloutPool(self.cfg).start()
+        return selection
+
+    def overlapped(self) -> TaskSelection:
+        """Checks; the engine starting in a thread while Ray and the actors start; preflight; the
+        actors waited for; the tasks selected."""
+        from rollout.core.pool import RolloutPool
+
+        selection = self._checks()
+        engine_start = None  # the engine starting in a thread
+        if self._make_engine() is None:  # endpoints already up: checked at once, before anything starts (seconds at most)
+            self._preflight()
         else:
-            if not cfg.local.enabled:  # endpoints already up: checked at once, before anything starts (seconds at most)
-                with timeline.phase("preflight"):
-                    run_preflight(cfg, check_user=check_user_simulator)
-            else:
-                from rollout.devtools.local.stack import free_port
+            began = self.timeline.now()
+            engine_start = self._starter.submit(_timed(self.engine.start))
+        with self.timeline.phase("ray_and_actor_launch"):
+            self.pool = RolloutPool(self.cfg).start(wait=False)
+        if engine_start is not None:
+            self.timeline.phases["local_stack"] = [began, self.timeline.now(engine_start.result())]  # re-raises what the start raised
+            self._preflight()
+        with self.timeline.phase("actors_ready"):
+            self.pool.start()
+        self.pool.arm_breakers()  # the router answered the preflight: the actors may have started before it did
+        return selection
 
-                local = cfg.local if cfg.local.router_port else dataclasses.replace(cfg.local, router_port=free_port(cfg.local.host))
-                stack = _local_stack(cfg, local, log_dir_name)
-                began = timeline.now()
-                stack_start = starter.submit(_timed(stack.start))
-                cfg = resolve_endpoints(cfg, f"http://{local.host}:{local.router_port}")
-            with timeline.phase("ray_and_actor_launch"):
-                pool = RolloutPool(cfg).start(wait=False)
-            with timeline.phase("task_ids"):
-                task_ids = _task_ids(cfg)
-            if stack_start is not None:
-                ended_at = stack_start.result()  # re-raises what the start raised
-                timeline.data["phases"]["local_stack"] = [began, round(ended_at - timeline.t0, 3)]
-                if stack is not None and stack.router_url != cfg.policy.router_url:  # the stack kept the port it was given
-                    raise RuntimeError(f"local stack: router at {stack.router_url}, expected {cfg.policy.router_url}")
-            if cfg.local.enabled:
-                with timeline.phase("preflight"):
-                    run_preflight(cfg, check_user=check_user_simulator)
-            with timeline.phase("actors_ready"):
-                pool.start()
-            pool.arm_breakers()  # the router answered the preflight: the actors may have started before it did
-        ready = timeline.data["actors_ready_s"] = timeline.now()
-        age = timeline.data["process_age_at_open_pool_s"]
-        timeline.data["process_start_to_ready_s"] = None if age is None else round(age + ready, 3)
-        LAST_STARTUP.update(timeline.data)
-        logger.info("start-up (%s): actors ready %.2f s after open_pool (%s after the process started): %s", mode, ready,
-                    "?" if age is None else f"{age + ready:.2f} s",
-                    ", ".join(f"{k} {a:.2f}-{b:.2f} s" for k, (a, b) in timeline.data["phases"].items()))
-        logger.info("chat template probe (%s):\n%s", cfg.policy.tokenizer, pool.worker_infos()[0]["template_probe"])
-        yield cfg, pool, task_ids
-    finally:
-        if pool is not None:
-            pool.shutdown()
-        starter.shutdown(wait=True)  # a stack still starting is stopped once its start returned (nothing left half-started)
-        if stack is not None:
-            stack.stop()
-
-
-def _task_ids(cfg: Config) -> list[str]:
-    """The task ids of ``env.task_split`` / ``env.task_ids`` (the domain loaded in this process).
-
-    Raises:
-        rollout.core.config.TaskSelectionError: as :func:`open_pool`.
-    """
-    from rollout.core.environment import load_benchmark
-
-    domain = load_benchmark(cfg.env, log_level=cfg.logging.tau2_level)  # env.benchmark's, through the registry
-    try:
-        return domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
-    finally:
-        domain.close()
-
-
-def _local_stack(cfg: Config, local, log_dir_name: str):
-    from rollout.core.environment import domain_key
-    from rollout.devtools.local.stack import LocalStack
-
-    return LocalStack(local, domain_key(cfg.env.benchmark, cfg.env.domain), cfg.policy.tokenizer,
-                      log_dir=Path(cfg.rollout.output_dir) / log_dir_name, api_key_env=cfg.policy.api_key_env,
-                      chat_format=cfg.policy.chat_format)
+    def close(self) -> None:
+        """Stop the pool, wait for an engine still starting (so that nothing is left half-started), stop the engine."""
+        if self.pool is not None:
+            self.pool.shutdown()
+        self._starter.shutdown(wait=True)
+        if self.engine is not None:
+            self.engine.stop()

@@ -25,19 +25,22 @@ overflows, done here on the message list so every chat format renders the result
   turn are kept.
 
 Adding one (a summarising strategy that calls the policy itself, for example): a class with a
-``name`` and ``async compact(request)``, registered in-process with
-:func:`register_context_strategy`, or named by its import path ``package.module:factory`` in
-``policy.context_strategy`` so that every Ray actor imports it (docs/design.md "Seams";
+``name`` and ``async compact(request)``, registered with :func:`register_context_strategy` (in
+:data:`CONTEXT_STRATEGIES`, a :class:`rollout.core.registry.Registry`: by path, so that the Ray
+actors, which build it, find it too; or by an entry point in group
+``tau_rollout.context_strategies`` of a package of your own), or named by its import path
+``package.module:factory`` in ``policy.context_strategy`` (docs/design.md "Seams";
 ``launch/summarise_context.py`` is one, tested in tests/component/test_history_context.py). The tokens
 such a strategy generates are not part of any sample: only the episode's own turns are.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
+
+from rollout.core.registry import Registry, is_import_path
 
 logger = logging.getLogger(__name__)
 
@@ -161,67 +164,62 @@ class DropOldestTurns:
         return await _fewest(len(blocks) - 1, build, request)
 
 
-_STRATEGIES: dict[str, Callable[[], ContextStrategy]] = {
-    "none": NoCompaction,
-    "drop_tool_results": DropToolResults,
-    "drop_oldest_turns": DropOldestTurns,
-}
+# name -> factory() (or its "module:attribute" path); a name that is itself such a path is
+# imported as one (policy.context_strategy=package.module:factory)
+CONTEXT_STRATEGIES: Registry[Callable[[], ContextStrategy]] = Registry(
+    "context_strategy", "policy.context_strategy", paths_as_names=True, also="or package.module:factory")
+CONTEXT_STRATEGIES.register("none", NoCompaction)
+CONTEXT_STRATEGIES.register("drop_tool_results", DropToolResults)
+CONTEXT_STRATEGIES.register("drop_oldest_turns", DropOldestTurns)
 
 
-def register_context_strategy(name: str, factory: Callable[[], ContextStrategy]) -> None:
+def register_context_strategy(name: str, factory: Callable[[], ContextStrategy] | str, *, replace: bool = False) -> None:
     """Add a strategy for ``policy.context_strategy=name``: ``factory()`` builds it (once per
-    actor). In-process only: for Ray actors to find a strategy of your own, name it by its import
-    path (``package.module:factory``) instead.
+    actor), or the ``"package.module:factory"`` path of the factory. The actors build it: a path
+    registered in the driver reaches them (:func:`rollout.core.registry.registered_paths`; its
+    module must be importable there), an object registered in the driver does not.
 
     Raises:
-        ValueError: ``name`` is taken, or holds a ``:`` (import paths are not registered).
+        ValueError: ``name`` is empty, taken (and ``replace`` is false), or holds a ``:`` (an
+            import path is named in the config directly).
     """
-    if name in _STRATEGIES:
-        raise ValueError(f"context strategy {name!r} is already registered")
-    if ":" in name:
-        raise ValueError(f"context strategy names hold no ':' ({name!r}); an import path is named in the config directly")
-    _STRATEGIES[name] = factory
+    CONTEXT_STRATEGIES.register(name, factory, replace=replace)
+
+
+def unregister_context_strategy(name: str) -> None:
+    """Remove strategy ``name``.
+
+    Raises:
+        rollout.core.registry.UnknownNameError: no such strategy (a ``KeyError``).
+    """
+    CONTEXT_STRATEGIES.unregister(name)
 
 
 def context_strategies() -> tuple[str, ...]:
-    """The registered strategy names, sorted."""
-    return tuple(sorted(_STRATEGIES))
-
-
-def is_import_path(name: str) -> bool:
-    """Whether ``name`` reads as ``package.module:factory`` (checked at load without importing)."""
-    mod, sep, attr = name.partition(":")
-    return bool(sep) and all(p.isidentifier() for p in mod.split(".")) and all(p.isidentifier() for p in attr.split("."))
+    """The registered strategy names (and those installed packages declare), sorted."""
+    return tuple(sorted(CONTEXT_STRATEGIES.names()))
 
 
 def get_context_strategy(name: str) -> ContextStrategy:
-    """The strategy ``policy.context_strategy`` names: a registered one, or ``package.module:factory``
-    imported and called with no argument.
+    """The strategy ``policy.context_strategy`` names, built now: a registered one, or
+    ``package.module:factory`` imported and called with no argument.
 
     Raises:
-        KeyError: no such registered name (the message lists them).
-        ImportError: an import path whose module or attribute cannot be imported.
+        rollout.core.registry.UnknownNameError: no such name (a ``KeyError``; the message lists them).
+        ImportError: a path whose module or attribute cannot be imported.
         TypeError: what the factory built has no ``compact``.
     """
-    if name in _STRATEGIES:
-        return _STRATEGIES[name]()
-    if not is_import_path(name):
-        raise KeyError(f"policy.context_strategy: unknown strategy {name!r}; registered: {', '.join(context_strategies())}, "
-                       "or package.module:factory")
-    mod, _, attr = name.partition(":")
-    obj: Any = importlib.import_module(mod)
     try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise ImportError(f"policy.context_strategy: module {mod!r} has no {attr!r}") from None
-    strategy = obj()
+        factory = CONTEXT_STRATEGIES.get(name)
+    except AttributeError as e:
+        raise ImportError(f"policy.context_strategy={name}: {e}") from None
+    strategy = factory()
     if not callable(getattr(strategy, "compact", None)):
         raise TypeError(f"policy.context_strategy={name}: {type(strategy).__name__} has no compact(request)")
     return strategy
 
 
 __all__ = [
-    "DROPPED_TOOL_RESULT", "CompactionRequest", "ContextStrategy", "DropOldestTurns", "DropToolResults", "NoCompaction",
-    "context_strategies", "get_context_strategy", "is_import_path", "register_context_strategy",
+    "CONTEXT_STRATEGIES", "DROPPED_TOOL_RESULT", "CompactionRequest", "ContextStrategy", "DropOldestTurns", "DropToolResults", "NoCompaction",
+    "context_strategies", "get_context_strategy", "is_import_path", "register_context_strategy", "unregister_context_strategy",
 ]

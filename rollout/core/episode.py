@@ -29,12 +29,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from rollout.core.config import OnLength, OnParseError, PartialRollout
-from rollout.core.environment import RESPOND, Action, Environment, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
-from rollout.core.formats import ChatFormat, ParseError, TemplateError
+from rollout.core.environment import (
+    RESPOND,
+    Action,
+    Environment,
+    EnvironmentStepError,
+    RewardError,
+    StepResult,
+    ToolTimeoutError,
+    UserSimulatorError,
+)
+from rollout.core.formats import ChatFormat, ParsedTurn, ParseError, TemplateError, ToolCall
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.policy import PolicyClient, PolicyServerError
 from rollout.core.prompts import ContextStrategyError, Prompts, TokenizeTimeout, off_loop, prompt_trajectory
@@ -118,7 +128,8 @@ async def _sample_turn(spec: EpisodeSpec, traj: Trajectory, policy: PolicyClient
             turn.status, turn.reason, turn.error = EpisodeStatus.POLICY_ERROR, "policy_error", str(e)
             return turn
         metrics.requests += 1
-        traj.append_generated(gen.ids, gen.log_probs, gen.weight_version)
+        for ids, log_probs, version in gen.pieces():  # one piece per weight version that sampled the call's ids
+            traj.append_generated(ids, log_probs, version)
         turn.ids += gen.ids
         turn.finish_type = gen.finish_type
         if gen.finish_type != "abort":
@@ -194,22 +205,46 @@ async def run_episode(
         every request's ``input_ids`` followed by that request's generated ids; ``loss_mask`` is 1
         exactly on generated ids; ``rollout_log_probs`` is aligned (0.0 where the mask is 0).
     """
-    t_start = time.monotonic()
-    eid = spec.episode_id
-    metrics = EpisodeMetrics()
-    timings = {"generate_s": 0.0}
-    messages: list[dict[str, Any]] = []
-    traj: Trajectory | None = None
-    reward = 0.0
+    return await _Episode(spec, env, policy, chat, settings).run()
 
-    def finish(st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
+
+class _Episode:
+    """One episode's state while :func:`run_episode` runs it, and its steps: :meth:`reset`, one
+    :meth:`turn` at a time (sample, decode, parse, then the turn's environment steps in
+    :meth:`act`), and :meth:`finish`, which makes the result. A step that ends the episode returns
+    its :class:`InteractionResult`; ``None`` means the episode goes on.
+
+    Attributes:
+        messages: the conversation as recorded (system, user, assistant, tool messages, with the
+            loop's marks: ``finish_reason``, ``parse_error``, ``format_feedback``).
+        view: the conversation the policy is given (compacted, it differs from :attr:`messages`).
+        traj: the token trajectory (None until the first prompt is tokenized).
+        reward: the environment's reward once an episode ends ``completed`` (0.0 before).
+    """
+
+    def __init__(self, spec: EpisodeSpec, env: Environment, policy: PolicyClient, chat: ChatFormat, settings: EpisodeSettings):
+        self.t_start = time.monotonic()
+        self.spec, self.env, self.policy, self.chat, self.settings = spec, env, policy, chat, settings
+        self.metrics = EpisodeMetrics()
+        self.timings = {"generate_s": 0.0}
+        self.messages: list[dict[str, Any]] = []
+        self.view: list[dict[str, Any]] = []
+        self.traj: Trajectory | None = None
+        self.prompts: Prompts | None = None
+        self.reward = 0.0
+
+    def finish(self, st: EpisodeStatus, reason: str, error: str | None = None) -> InteractionResult:
+        """The episode's result with status ``st``: its metrics (termination ``reason``, ``error``,
+        timings: the environment's and ``total_s``, token counts) in ``metadata``; an ``error``
+        is logged (a WARNING for an infrastructure failure, else INFO)."""
+        metrics, timings, traj = self.metrics, self.timings, self.traj
         metrics.termination_reason = reason
         if error:
             metrics.error = error
             log = logger.warning if st.is_infrastructure_failure else logger.info
-            log("episode %s (task %s): %s: %s", eid, spec.task_id, st.value, error)
-        timings.update({k: round(v, 4) for k, v in getattr(env, "timings", {}).items()})
-        timings["total_s"] = round(time.monotonic() - t_start, 4)
+            log("episode %s (task %s): %s: %s", self.spec.episode_id, self.spec.task_id, st.value, error)
+        timings.update({k: round(v, 4) for k, v in getattr(self.env, "timings", {}).items()})
+        timings["total_s"] = round(time.monotonic() - self.t_start, 4)
         metrics.timings = timings
         if traj is not None:
             traj.expand()  # the record leaves the loop with lists
@@ -217,141 +252,202 @@ async def run_episode(
             metrics.prompt_tokens = len(traj.prompt_ids)
             metrics.response_tokens = traj.response_length
             metrics.generated_tokens = sum(traj.loss_mask)
-        return InteractionResult(spec=spec, status=st, reward=reward, trajectory=traj, messages=messages, metadata=metrics.to_metadata())
+        return InteractionResult(spec=self.spec, status=st, reward=self.reward, trajectory=traj, messages=self.messages,
+                                 metadata=metrics.to_metadata())
 
-    # -- reset ---------------------------------------------------------------------------------
-    try:
-        opening, _ = await env.reset(spec.task_id)
-    except UserSimulatorError as e:
-        return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
-    except Exception as e:  # EnvironmentStepError or anything from environment code
-        return finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
-    messages = [{"role": "system", "content": settings.system_prompt}, {"role": "user", "content": opening}]
-    view = list(messages)  # the conversation the policy is given (compacted, it differs from messages)
-    # Every tokenizer call in a thread (the first prompt, decoding a turn, a delta, a continued
-    # turn's stop-string check) may raise TokenizeTimeout: this one handler ends the episode.
-    try:
-        # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop;
-        # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
-        traj = await off_loop(settings, prompt_trajectory, chat, messages)
-        prompts = Prompts(spec, traj, view, chat, policy, settings, metrics)
+    async def run(self) -> InteractionResult:
+        """Reset, tokenize the first prompt, run turns until one ends the episode or
+        ``settings.max_steps`` have run (``max_steps``)."""
+        ended = await self.reset()
+        if ended is not None:
+            return ended
+        settings, chat = self.settings, self.chat
+        # Every tokenizer call in a thread (the first prompt, decoding a turn, a delta, a continued
+        # turn's stop-string check) may raise TokenizeTimeout: this one handler ends the episode.
+        try:
+            # the first prompt is ~6k tokens (policy + tool schemas): render and tokenize off the loop;
+            # compact while it runs: the garbage collector does not walk its ids (see Trajectory)
+            self.traj = await off_loop(settings, prompt_trajectory, chat, self.messages)
+            self.prompts = Prompts(self.spec, self.traj, self.view, chat, self.policy, settings, self.metrics)
+            for step in range(settings.max_steps):
+                ended = await self.turn(last=step == settings.max_steps - 1)
+                if ended is not None:
+                    return ended
+            return self.finish(EpisodeStatus.MAX_STEPS, "max_steps")
+        except TokenizeTimeout as e:
+            return self.finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
+        except TemplateError as e:  # the chat format cannot render the conversation (a delta, a re-rendering)
+            return self.finish(EpisodeStatus.POLICY_ERROR, "render_error", str(e))
+        except ContextStrategyError as e:
+            return self.finish(EpisodeStatus.ENV_ERROR, "context_strategy", str(e))
 
-        # -- turns -----------------------------------------------------------------------------
-        for step in range(settings.max_steps):
-            last = step == settings.max_steps - 1
-            # room for the end-of-turn repair keeps the trajectory within max_context_tokens
-            if settings.max_context_tokens - traj.context_length - len(chat.eot_ids) <= 0:
-                return finish(EpisodeStatus.TRUNCATED, "context")
-            t0 = time.monotonic()
-            try:
-                turn = await _sample_turn(spec, traj, policy, chat, settings, metrics)
-            finally:
-                timings["generate_s"] += time.monotonic() - t0
-            if turn.interruptions and turn.status is None:  # the turn went on after its interruptions
-                metrics.continued_turns += int(settings.partial_rollout == PartialRollout.CONTINUE)
-                metrics.restarted_turns += int(settings.partial_rollout == PartialRollout.RESTART_TURN)
-            if turn.status is not None:
-                return finish(turn.status, turn.reason or turn.status.value, turn.error)
-            gen_ids = turn.ids
-            metrics.turns += 1
-            closed = chat.ends_turn(gen_ids)
-            body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
-            text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
-            if text is None:
-                text = await off_loop(settings, chat.decode, body_ids)
-            if not closed:
-                # Stopped on a stop string, on max_new_tokens or on another stop id: close the turn
-                # with the template's end-of-turn tokens, which the policy did not sample (mask 0).
-                traj.append_context(chat.eot_ids)
-                metrics.turn_boundary_repairs += 1
-            cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
-            if cut:
-                metrics.length_finishes += 1
-                context_full = settings.max_context_tokens - traj.context_length - len(chat.eot_ids) <= 0  # no room for another turn
-                if context_full or settings.on_length == OnLength.TRUNCATE:
-                    # the cut text never reaches the user or a tool as if it were the whole turn
-                    messages.append({"role": "assistant", "content": text, **cut})
-                    return finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
+    async def reset(self) -> InteractionResult | None:
+        """Open the task: the conversation starts with the system prompt and the user's opening
+        message; a failing reset ends the episode ``user_error`` or ``env_error``."""
+        try:
+            opening, info = await self.env.reset(self.spec.task_id)
+        except UserSimulatorError as e:
+            return self.finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+        except Exception as e:  # EnvironmentStepError or anything from environment code
+            return self.finish(EpisodeStatus.ENV_ERROR, "env_error", f"reset: {e!r}")
+        # an episode's own system prompt, when the environment gives one (a task-specific policy)
+        system = (info or {}).get("system_prompt") if isinstance(info, dict) else None
+        self.messages = [{"role": "system", "content": system or self.settings.system_prompt}, {"role": "user", "content": opening}]
+        self.view[:] = self.messages
+        return None
 
-            try:
-                parsed = chat.parse_turn(_strip_trailing_specials(text, chat), settings.tool_names, body_ids)
-            except ParseError as e:
-                metrics.parse_errors += 1
-                messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
-                view.append(messages[-1])
-                if settings.on_parse_error == OnParseError.ABORT:
-                    return finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
-                feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e, hint=chat.call_hint)}
-                messages.append({**feedback, "format_feedback": True})
-                view.append(feedback)
-                if not await prompts.advance([feedback], last):
-                    return finish(EpisodeStatus.TRUNCATED, "context")
-                continue
+    def _room(self) -> int:
+        """Tokens left for the next turn, keeping room for the end-of-turn repair (so that the
+        trajectory stays within ``max_context_tokens``)."""
+        return self.settings.max_context_tokens - self.traj.context_length - len(self.chat.eot_ids)
 
-            call_id = f"call_{metrics.turns}"
-            messages.append({**parsed.to_message(call_id), **cut})
-            view.append(messages[-1])
-            # One step per tool call, in the order written (as tau2's orchestrator executes a turn's
-            # calls); a reply is one step. The answers are appended as one delta.
-            if parsed.tool_calls:
-                actions = [Action(name=c.name, arguments=c.arguments, content=parsed.content if i == 0 else "")
-                           for i, c in enumerate(parsed.tool_calls)]
-                call_ids = parsed.call_ids(call_id)
-            else:
-                actions, call_ids = [Action(name=RESPOND, content=parsed.content)], [call_id]
-            answers: list[dict[str, Any]] = []
-            for action, cid in zip(actions, call_ids):
-                try:
-                    observation, r, done, info = await env.step(action)
-                except ToolTimeoutError as e:
-                    return finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
-                except UserSimulatorError as e:
-                    return finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
-                except RewardError as e:
-                    return finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
-                except EnvironmentStepError as e:
-                    return finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
-                except Exception as e:  # a bug in environment code must not crash the actor
-                    return finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
-                metrics.tool_errors += int(bool(info.get("tool_error")))
-                answer = _observation_message(observation, info, action, cid)
-                if done:
-                    reward = float(r)
-                    metrics.reward_info = info.get("reward_info")
-                    messages.extend(answers + [answer])
-                    return finish(EpisodeStatus.COMPLETED, info.get("termination") or "done")
-                answers.append(answer)
-            messages.extend(answers)
-            view.extend(answers)
-            # append's delta: what the template renders of tool results (with their call) or the user's turn
-            if not await prompts.advance([_rendered(a) for a in answers], last):
-                return finish(EpisodeStatus.TRUNCATED, "context")
-        return finish(EpisodeStatus.MAX_STEPS, "max_steps")
-    except TokenizeTimeout as e:
-        return finish(EpisodeStatus.POLICY_ERROR, "tokenize_timeout", str(e))
-    except TemplateError as e:  # the chat format cannot render the conversation (a delta, a re-rendering)
-        return finish(EpisodeStatus.POLICY_ERROR, "render_error", str(e))
-    except ContextStrategyError as e:
-        return finish(EpisodeStatus.ENV_ERROR, "context_strategy", str(e))
+    async def turn(self, last: bool) -> InteractionResult | None:
+        """One assistant turn: sample it, close and decode it, then parse it and act on it
+        (``last``: the episode's last step, for the prompt's growth check)."""
+        settings, metrics, chat = self.settings, self.metrics, self.chat
+        if self._room() <= 0:
+            return self.finish(EpisodeStatus.TRUNCATED, "context")
+        turn = await self.sample()
+        if turn.status is not None:
+            return self.finish(turn.status, turn.reason or turn.status.value, turn.error)
+        metrics.turns += 1
+        body_ids, text = await self.close_and_decode(turn.ids)
+        cut = {"finish_reason": "length"} if turn.finish_type == "length" else {}  # marks a cut turn in the conversation
+        if cut:
+            metrics.length_finishes += 1
+            context_full = self._room() <= 0  # no room for another turn
+            if context_full or settings.on_length == OnLength.TRUNCATE:
+                # the cut text never reaches the user or a tool as if it were the whole turn
+                self.messages.append({"role": "assistant", "content": text, **cut})
+                return self.finish(EpisodeStatus.TRUNCATED, "context" if context_full else "turn_length")
+        try:
+            parsed = chat.parse_turn(_strip_trailing_specials(text, chat), settings.tool_names, body_ids)
+        except ParseError as e:
+            return await self.on_parse_error(e, text, cut, last)
+        return await self.act(parsed, cut, last)
+
+    async def sample(self) -> _Turn:
+        """Sample one assistant turn (:func:`_sample_turn`), timed into ``generate_s``; a turn
+        that went on after its interruptions counts as continued or restarted."""
+        settings, metrics = self.settings, self.metrics
+        t0 = time.monotonic()
+        try:
+            turn = await _sample_turn(self.spec, self.traj, self.policy, self.chat, settings, metrics)
+        finally:
+            self.timings["generate_s"] += time.monotonic() - t0
+        if turn.interruptions and turn.status is None:
+            metrics.continued_turns += int(settings.partial_rollout == PartialRollout.CONTINUE)
+            metrics.restarted_turns += int(settings.partial_rollout == PartialRollout.RESTART_TURN)
+        return turn
+
+    async def close_and_decode(self, gen_ids: list[int]) -> tuple[list[int], str]:
+        """``(body ids, text)`` of a sampled turn: its ids without the end-of-turn ids, decoded.
+        A turn that stopped on a stop string, on ``max_new_tokens`` or on another stop id is closed
+        with the template's end-of-turn tokens, which the policy did not sample (mask 0)."""
+        chat = self.chat
+        closed = chat.ends_turn(gen_ids)
+        body_ids = gen_ids[: len(gen_ids) - len(chat.eot_ids)] if closed else gen_ids
+        text = chat.try_decode_now(body_ids)  # a short turn: cheaper here than a thread hand-off
+        if text is None:
+            text = await off_loop(self.settings, chat.decode, body_ids)
+        if not closed:
+            self.traj.append_context(chat.eot_ids)
+            self.metrics.turn_boundary_repairs += 1
+        return body_ids, text
+
+    async def on_parse_error(self, e: ParseError, text: str, cut: dict[str, str], last: bool) -> InteractionResult | None:
+        """A turn that does not parse: recorded with its ``parse_error``; by
+        ``policy.on_parse_error``, the episode ends ``parse_error`` or the policy gets the format
+        feedback (:data:`PARSE_FEEDBACK`) as the user's next turn."""
+        self.metrics.parse_errors += 1
+        self.messages.append({"role": "assistant", "content": text, "parse_error": str(e), **cut})
+        self.view.append(self.messages[-1])
+        if self.settings.on_parse_error == OnParseError.ABORT:
+            return self.finish(EpisodeStatus.PARSE_ERROR, "parse_error", str(e))
+        feedback = {"role": "user", "content": PARSE_FEEDBACK.format(error=e, hint=self.chat.call_hint)}
+        self.messages.append({**feedback, "format_feedback": True})
+        self.view.append(feedback)
+        if not await self.prompts.advance([feedback], last):
+            return self.finish(EpisodeStatus.TRUNCATED, "context")
+        return None
+
+    async def act(self, parsed: ParsedTurn, cut: dict[str, str], last: bool) -> InteractionResult | None:
+        """Record the parsed turn and run its actions: one environment step per tool call, in the
+        order written (as tau2's orchestrator executes a turn's calls); a reply is one step. The
+        answers are appended as one delta; a step that ends the episode ends it ``completed``
+        with the environment's reward."""
+        call_id = f"call_{self.metrics.turns}"
+        self.messages.append({**parsed.to_message(call_id), **cut})
+        self.view.append(self.messages[-1])
+        if parsed.tool_calls:
+            actions = [Action(name=c.name, arguments=c.arguments, content=parsed.content if i == 0 else "")
+                       for i, c in enumerate(parsed.tool_calls)]
+            call_ids = parsed.call_ids(call_id)  # a call keeps the id the model wrote (Mistral v3-v11)
+        else:
+            actions, call_ids = [Action(name=RESPOND, content=parsed.content)], [call_id]
+        answers: list[dict[str, Any]] = []
+        for action, cid in zip(actions, call_ids):
+            res = await self.step(action)
+            if isinstance(res, InteractionResult):
+                return res
+            self.metrics.tool_errors += int(res.tool_error)
+            answer = _observation_message(res, action, cid)
+            if res.done:
+                self.reward = float(res.reward)
+                self.metrics.reward_info = res.reward_info
+                self.messages.extend(answers + [answer])
+                return self.finish(EpisodeStatus.COMPLETED, res.termination or "done")
+            answers.append(answer)
+        self.messages.extend(answers)
+        self.view.extend(answers)
+        # append's delta: what the template renders of tool results (with their call) or the user's turn
+        if not await self.prompts.advance([_rendered(a, parsed.tool_calls) for a in answers], last):
+            return self.finish(EpisodeStatus.TRUNCATED, "context")
+        return None
+
+    async def step(self, action: Action) -> StepResult | InteractionResult:
+        """One environment step; each of the seam's errors ends the episode with its status
+        (anything else from environment code, or an answer that is not a :class:`StepResult`:
+        ``env_error``)."""
+        try:
+            res = await self.env.step(action)
+            if not isinstance(res, StepResult):
+                raise TypeError(f"Environment.step must return a StepResult, got {type(res).__name__}")
+            return res
+        except ToolTimeoutError as e:
+            return self.finish(EpisodeStatus.TOOL_TIMEOUT, "tool_timeout", str(e))
+        except UserSimulatorError as e:
+            return self.finish(EpisodeStatus.USER_ERROR, "user_error", str(e))
+        except RewardError as e:
+            return self.finish(EpisodeStatus.EVAL_ERROR, "eval_error", str(e))
+        except EnvironmentStepError as e:
+            return self.finish(EpisodeStatus.ENV_ERROR, "env_error", str(e))
+        except Exception as e:  # a bug in environment code must not crash the actor
+            return self.finish(EpisodeStatus.ENV_ERROR, "env_error", f"step: {e!r}")
 
 
-def _observation_message(observation: str, info: dict[str, Any], action: Action, call_id: str) -> dict[str, Any]:
+def _observation_message(res: StepResult, action: Action, call_id: str) -> dict[str, Any]:
     """The conversation's record of what answered one step: a tool result as OpenAI's
     ``{"role": "tool", "tool_call_id", "name", "content"}`` (with ``"error": true`` when the tool
     failed, as tau2's ``ToolMessage.error``), else the user's turn ``{"role": "user", "content"}``."""
-    if info.get("role") == "tool" and action.name != RESPOND:
-        msg = {"role": "tool", "tool_call_id": call_id, "name": action.name, "content": observation}
-        if info.get("tool_error"):
+    if res.role == "tool" and action.name != RESPOND:
+        msg = {"role": "tool", "tool_call_id": call_id, "name": action.name, "content": res.observation}
+        if res.tool_error:
             msg["error"] = True
         return msg
-    return {"role": info.get("role", "user"), "content": observation}
+    return {"role": res.role, "content": res.observation}
 
 
-def _rendered(answer: dict[str, Any]) -> dict[str, Any]:
-    """What a chat format renders of an answer: ``{"role": "tool" | "user", "content"}`` (a tool
-    result's call id and name are left out: the delta must not depend on them, and the hermes
-    format's probed affixes take role and content only)."""
-    return {"role": "tool" if answer["role"] == "tool" else "user", "content": answer["content"]}
+def _rendered(answer: dict[str, Any], calls: Iterable[ToolCall] = ()) -> dict[str, Any]:
+    """What a chat format renders of an answer: ``{"role": "tool" | "user", "content"}``, and a tool
+    result's ``tool_call_id`` only when the model wrote that id with one of the turn's ``calls``
+    (Mistral v3-v11, whose result echoes it). The loop's own ids (``call_N``) and the tool's name
+    are left out: the delta must not depend on them, and the hermes format's probed affixes take
+    role and content only."""
+    msg = {"role": "tool" if answer["role"] == "tool" else "user", "content": answer["content"]}
+    if msg["role"] == "tool" and any(c.id is not None and c.id == answer.get("tool_call_id") for c in calls):
+        msg["tool_call_id"] = answer["tool_call_id"]
+    return msg
 
 
 def _strip_trailing_specials(text: str, chat: ChatFormat) -> str:

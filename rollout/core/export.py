@@ -14,7 +14,9 @@ Modes (:mod:`rollout.core.sample_modes`): ``trajectory`` (one sample per episode
 append-only token sequence; one per segment for an episode whose history was re-rendered or
 compacted), ``per_turn`` (one per assistant turn), ``merge_prefix`` (turns merged while each
 prompt extends the sample). A new mode is a class with ``export`` and ``split``, added with
-:func:`register_exporter`.
+:func:`register_sample_mode` (in :data:`SAMPLE_MODES`, a :class:`rollout.core.registry.Registry`;
+or by an entry point in group ``tau_rollout.sample_modes`` of a package of your own), and
+selected by name in ``rollout.sample_mode``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from rollout.core.records import InteractionResult, TrainingSample
+from rollout.core.registry import Registry
 from rollout.core.sample_modes import MergePrefixMode, PerTurnMode, TrajectoryMode
+
+__all__ = ["SAMPLE_MODES", "SampleExporter", "get_exporter", "register_sample_mode", "sample_modes", "unregister_sample_mode"]
 
 
 class SampleExporter(Protocol):
@@ -30,7 +35,8 @@ class SampleExporter(Protocol):
 
     def export(self, result: InteractionResult) -> list[TrainingSample]:
         """The episode's samples, in order (at least one); every one carries the episode's id
-        in ``metadata["episode_id"]``, its status and its reward.
+        (``episode_id``, and its copy ``metadata["episode_id"]``), the turns it holds
+        (``turn_indices``), its status and its reward.
 
         Raises:
             rollout.core.trajectory.TrajectoryError: the episode's record is misaligned.
@@ -46,36 +52,46 @@ class SampleExporter(Protocol):
         ...
 
 
-# name -> factory(keep_messages=...) (``keep_messages``: keep the conversation, ``rollout.keep_messages``)
-_EXPORTERS: dict[str, Callable[..., SampleExporter]] = {
-    "trajectory": TrajectoryMode, "per_turn": PerTurnMode, "merge_prefix": MergePrefixMode,
-}
+# name -> factory(keep_messages=...) (``keep_messages``: keep the conversation, ``rollout.keep_messages``),
+# or its "module:attribute" path; the built-ins first, in this order
+SAMPLE_MODES: Registry[Callable[..., SampleExporter]] = Registry("sample_mode", "rollout.sample_mode")
+SAMPLE_MODES.register("trajectory", TrajectoryMode)
+SAMPLE_MODES.register("per_turn", PerTurnMode)
+SAMPLE_MODES.register("merge_prefix", MergePrefixMode)
 
 
-def register_exporter(name: str, factory: Callable[..., SampleExporter]) -> None:
-    """Add a sample mode: ``factory(keep_messages=...)`` builds its exporter.
+def register_sample_mode(name: str, factory: Callable[..., SampleExporter] | str, *, replace: bool = False) -> None:
+    """Add a sample mode for ``rollout.sample_mode=name``: ``factory(keep_messages=...)`` builds
+    its exporter (a :class:`SampleExporter`), or the ``"package.module:attribute"`` path of the
+    factory, imported on first use. Sample modes run in the driver (where samples are handed
+    out), so an object registered there is enough.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is empty, holds a ``:`` or is already registered (and ``replace`` is false).
     """
-    if name in _EXPORTERS:
-        raise ValueError(f"sample exporter {name!r} is already registered")
-    _EXPORTERS[name] = factory
+    SAMPLE_MODES.register(name, factory, replace=replace)
+
+
+def unregister_sample_mode(name: str) -> None:
+    """Remove sample mode ``name``.
+
+    Raises:
+        rollout.core.registry.UnknownNameError: no such mode (a ``KeyError``).
+    """
+    SAMPLE_MODES.unregister(name)
 
 
 def get_exporter(name: str = "trajectory", *, keep_messages: bool = True) -> SampleExporter:
-    """The exporter of sample mode ``name`` (``rollout.sample_mode``).
+    """The exporter of sample mode ``name`` (``rollout.sample_mode``), built now.
 
     Raises:
-        KeyError: no such mode (the message names ``rollout.sample_mode`` and lists the registered ones).
+        rollout.core.registry.UnknownNameError: no such mode (a ``KeyError``; one line naming
+            ``rollout.sample_mode`` and listing the registered ones).
+        ImportError, AttributeError: its registered path cannot be imported.
     """
-    try:
-        factory = _EXPORTERS[str(name)]
-    except KeyError:
-        raise KeyError(f"rollout.sample_mode: unknown sample mode {name!r}; registered: {sorted(_EXPORTERS)}") from None
-    return factory(keep_messages=keep_messages)
+    return SAMPLE_MODES.get(str(name))(keep_messages=keep_messages)
 
 
-def exporters() -> tuple[str, ...]:
-    """The registered sample modes."""
-    return tuple(sorted(_EXPORTERS))
+def sample_modes() -> tuple[str, ...]:
+    """The registered sample modes (and those installed packages declare), sorted."""
+    return tuple(sorted(SAMPLE_MODES.names()))

@@ -53,6 +53,15 @@ either way it was not handed out yet, and the resumed run hands it out once. Lin
 JSON by :func:`rollout.core.fastjson.dumps_line` (``orjson``; the standard library's text for a
 record with a non-finite float): read back, each equals what ``json.dumps`` would have written.
 
+A write the operating system refuses (the disk is full) raises
+:class:`~rollout.core.jsonl.OutputWriteError` naming the file, with the line taken back: the
+files hold whole lines only, every one written before; the pool stops the run on it
+(:class:`~rollout.core.pool.JournalWriteError`), and a resume once space is freed finishes it.
+A resumed run sets damaged lines aside (:func:`rollout.core.jsonl.recover`): a torn last line (a
+crash mid-write) or a corrupted line, each logged with its file and line number, moved to
+``journal_damage.jsonl`` and recorded in ``run.json`` (``journal_repairs``); an episode whose
+line was set aside runs again. A corrupted ``specs.jsonl`` line refuses the resume.
+
 The cost: each sample is stored twice (``episodes.jsonl`` and its view), about 2x the disk of
 the samples alone.
 """
@@ -73,6 +82,9 @@ from omegaconf import OmegaConf
 
 from rollout.core.config import Config, load_config
 from rollout.core.fastjson import dumps_line
+from rollout.core.journal_lines import DELIVERY_VERSION_KEY, sample_line  # noqa: F401  (public here)
+from rollout.core.journal_lines import episode_from_line as _episode
+from rollout.core.jsonl import JournalError, LineDamage, OutputWriteError, append_whole, read_lines, recover
 from rollout.core.records import EpisodeSpec, TrainingSample
 
 logger = logging.getLogger(__name__)
@@ -82,11 +94,10 @@ SPECS_FILE = "specs.jsonl"
 EPISODES_FILE = "episodes.jsonl"
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.yaml"
+DAMAGE_FILE = "journal_damage.jsonl"  # the damaged lines a resume set aside (rollout.core.jsonl.repair)
 # Everything a run writes; --overwrite removes these and nothing else.
-RUN_FILES = (STATE_FILE, SPECS_FILE, EPISODES_FILE, EVENTS_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl", "summary.json", CONFIG_FILE)
-# The metadata key of an episodes.jsonl line that holds the trainer's weight version at delivery
-# (written by the journal, taken out when it is read).
-DELIVERY_VERSION_KEY = "delivered_at_weight_version"
+RUN_FILES = (STATE_FILE, SPECS_FILE, EPISODES_FILE, EVENTS_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl", "summary.json", CONFIG_FILE,
+             DAMAGE_FILE, "regrade.json")  # the last: python -m rollout regrade's report on the run
 
 # Keys that do not change the data a run produces: they may differ on --resume.
 _VOLATILE = {
@@ -98,10 +109,6 @@ _VOLATILE = {
     "rollout.output_dir", "rollout.keep_messages",  # where results go, and whether they carry the conversation
     "local.enabled", "local.num_servers", "local.host", "local.router_port", "local.startup_timeout_s",
 }
-
-
-class JournalError(RuntimeError):
-    """The output directory cannot be used as asked (one line, for the CLI)."""
 
 
 def config_fingerprint(cfg: Config) -> tuple[str, dict[str, Any]]:
@@ -125,22 +132,24 @@ def config_fingerprint(cfg: Config) -> tuple[str, dict[str, Any]]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """Lines of a JSONL file; a torn last line (the writer was killed mid-write) is ignored."""
-    if not path.is_file():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines) - 1:
-                logger.warning("%s: ignoring a torn last line", path)
-                continue
-            raise JournalError(f"{path}:{n + 1} is not valid JSON") from None
+    """Lines of a JSONL file, read only; a torn last line (its writer stopped mid-line) is ignored.
+
+    Raises:
+        JournalError: a corrupt line (``rollout.core.jsonl``), naming the file and its line.
+    """
+    out, damage = read_lines(path)
+    for d in damage:
+        if d.kind != "torn":
+            raise JournalError(f"{path}:{d.line} is corrupt ({d.reason}); `python -m rollout run --resume` sets it aside")
+        logger.warning("%s: ignoring a torn last line (line %d, %d bytes)", path, d.line, d.size)
     return out
+
+
+def _repaired(d: Path, name: str, parse) -> tuple[list, list[LineDamage]]:
+    """:func:`rollout.core.jsonl.recover` of journal file ``name`` on resume; a corrupt spec line
+    refuses the resume (the episode it named cannot be known)."""
+    why = "the episode it named cannot be known, so the run cannot be resumed" if name == SPECS_FILE else None
+    return recover(d / name, parse, d / DAMAGE_FILE, refuse_corrupt=why)
 
 
 # The files whose content is a run's data: a directory where all are empty or missing holds no
@@ -156,35 +165,6 @@ def holds_run(output_dir: str | Path) -> bool:
     return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in DATA_FILES)
 
 
-_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSample))
-
-
-def sample_line(sample: TrainingSample, weight_version: int | None = None) -> bytes:
-    """``sample``'s journal line: the JSON of :meth:`TrainingSample.to_dict` (``weight_version``,
-    when given, in its metadata as :data:`DELIVERY_VERSION_KEY`), encoded from the sample's own
-    containers without copying them (encoding does not change them); a sample whose containers
-    the encoder does not take (e.g. an ``array.array``) goes through ``to_dict``'s copies."""
-    line = {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
-    if not line["segment_starts"]:
-        del line["segment_starts"]  # as to_dict leaves it out
-    if weight_version is not None:
-        line["metadata"] = {**line["metadata"], DELIVERY_VERSION_KEY: int(weight_version)}
-    try:
-        return dumps_line(line)
-    except TypeError:
-        full = sample.to_dict()
-        if weight_version is not None:
-            full["metadata"][DELIVERY_VERSION_KEY] = int(weight_version)
-        return dumps_line(full)
-
-
-def _episode(line: dict[str, Any]) -> tuple[TrainingSample, int | None]:
-    """A journaled episode line as ``(sample, the trainer's version at delivery or None)``; the
-    version is taken out of the sample's metadata."""
-    v = (line.get("metadata") or {}).pop(DELIVERY_VERSION_KEY, None)
-    return TrainingSample.from_dict(line), (None if v is None else int(v))
-
-
 class RunJournal:
     """The journal of one run in ``output_dir`` (see the module docstring). Use :meth:`open`.
 
@@ -194,6 +174,9 @@ class RunJournal:
         specs: the specs journaled so far (in submission order).
         delivered: episode id -> sample, for every episode journaled as delivered, in order.
         state: the content of ``run.json``.
+        repairs: the damaged lines this session's :meth:`open` set aside (torn or corrupt, each
+            with its file and line number: :class:`rollout.core.jsonl.LineDamage`); their
+            episodes count as undelivered and run again.
     """
 
     def __init__(self, output_dir: Path, state: dict[str, Any], specs: list[EpisodeSpec], delivered: dict[str, TrainingSample], resumed: bool):
@@ -213,10 +196,12 @@ class RunJournal:
         # written before events were recorded
         self._events_f = open(self.dir / EVENTS_FILE, "ab", buffering=0)  # noqa: SIM115
         self._uncommitted = 0  # episode lines written since the last fsync of episodes.jsonl
+        self.repairs: list[LineDamage] = []
         self.fsyncs = 0  # fsync calls made (for benchmarks and tests)
 
     @classmethod
-    def open(cls, output_dir: str | Path, cfg: Config, resume: bool = False, overwrite: bool = False) -> "RunJournal":
+    def open(cls, output_dir: str | Path, cfg: Config, resume: bool = False, overwrite: bool = False,
+             session_start: float | None = None) -> "RunJournal":
         """Open the journal for a new, resumed or replacing run.
 
         Args:
@@ -224,6 +209,9 @@ class RunJournal:
             cfg: the run's config (unresolved endpoints are fine: they are not hashed).
             resume: continue the run the directory holds (a new run if it holds none).
             overwrite: remove an earlier run's files (only those, see ``RUN_FILES``) first.
+            session_start: ``time.monotonic()`` when this session began, where :attr:`wall_s`
+                counts it from (``None``: now; the CLI passes its command's start, so that the wall
+                time holds the start-up, :func:`rollout.app.cli.run_job`).
 
         Raises:
             JournalError: the directory holds a run and neither ``resume`` nor ``overwrite`` was
@@ -252,16 +240,21 @@ class RunJournal:
                 changed = sorted(k for k in set(old) | set(flat) if old.get(k) != flat.get(k))
                 raise JournalError(f"{d}: the config changed since the run started ({', '.join(changed[:8]) or 'unknown keys'}); "
                                    "resume with the same config, or pass --overwrite")
-            specs = [EpisodeSpec(**x) for x in _read_jsonl(d / SPECS_FILE)]
+            specs, damage = _repaired(d, SPECS_FILE, lambda x: EpisodeSpec(**x))
+            episodes, more = _repaired(d, EPISODES_FILE, _episode)
+            damage += more + _repaired(d, EVENTS_FILE, lambda x: x)[1]
             delivered: dict[str, TrainingSample] = {}
-            for x in _read_jsonl(d / EPISODES_FILE):
-                s, _ = _episode(x)
+            for s, _ in episodes:
                 delivered.setdefault(s.episode_id, s)
             state.update(status="running", resumed=int(state.get("resumed", 0)) + 1, resumed_at=time.time())
+            state["journal_repairs"] = state.get("journal_repairs", []) + [{**x.as_dict(), "session": state["resumed"]} for x in damage]
             j = cls(d, state, specs, delivered, resumed=True)
+            j.repairs = damage
         else:
             state = {"format": 1, "status": "running", "config_hash": digest, "config": flat, "started_at": time.time(), "resumed": 0, "wall_s_before": 0.0}
             j = cls(d, state, [], {}, resumed=False)
+        if session_start is not None:
+            j._t0 = min(j._t0, session_start)
         j._write_state()
         return j
 
@@ -310,13 +303,18 @@ class RunJournal:
 
     @staticmethod
     def _write(f, data: bytes) -> None:
-        """All of ``data`` to the operating system (an unbuffered write may be partial)."""
-        view = memoryview(data)
-        while view:
-            view = view[f.write(view):]
+        """All of ``data`` to the operating system, or none of it (:func:`rollout.core.jsonl.append_whole`).
+
+        Raises:
+            OutputWriteError: the write was refused (e.g. the disk is full), naming the file.
+        """
+        append_whole(f, data)
 
     def _fsync(self, f) -> None:
-        os.fsync(f.fileno())
+        try:
+            os.fsync(f.fileno())
+        except OSError as e:
+            raise OutputWriteError(f.name, e, "make durable") from None
         self.fsyncs += 1
 
     def undelivered(self) -> list[EpisodeSpec]:
@@ -332,20 +330,32 @@ class RunJournal:
 
     def _write_state(self) -> None:
         tmp = self.dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2, default=str) + "\n")
-        os.replace(tmp, self.dir / STATE_FILE)
+        try:
+            tmp.write_text(json.dumps(self.state, indent=2, default=str) + "\n")
+            os.replace(tmp, self.dir / STATE_FILE)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)  # the old run.json stays whole
+            raise OutputWriteError(self.dir / STATE_FILE, e) from None
 
     def close(self, status: str, reason: str | None = None) -> None:
-        """Mark the run ``finished`` or ``interrupted`` (with ``reason``) and close the files."""
-        if not self._episodes_f.closed:
-            self.commit()
-        self._closed_wall = self.wall_s
-        self.state.update(status=status, reason=reason, wall_s_before=self._closed_wall, updated_at=time.time(),
-                          episodes_delivered=len(self.delivered), episodes_undelivered=len(self.undelivered()))
-        self._write_state()
-        for f in (self._specs_f, self._episodes_f, self._events_f):
-            if not f.closed:
-                f.close()
+        """Mark the run ``finished`` or ``interrupted`` (with ``reason``) and close the files.
+
+        Raises:
+            OutputWriteError: the last commit or ``run.json`` could not be written (the files are
+                closed all the same; ``run.json`` keeps its earlier content, and ``--resume``
+                finishes the run).
+        """
+        try:
+            if not self._episodes_f.closed:
+                self.commit()
+            self._closed_wall = self.wall_s
+            self.state.update(status=status, reason=reason, wall_s_before=self._closed_wall, updated_at=time.time(),
+                              episodes_delivered=len(self.delivered), episodes_undelivered=len(self.undelivered()))
+            self._write_state()
+        finally:
+            for f in (self._specs_f, self._episodes_f, self._events_f):
+                if not f.closed:
+                    f.close()
 
 
 def _describe(d: Path) -> str:
@@ -354,7 +364,7 @@ def _describe(d: Path) -> str:
     except (OSError, ValueError):
         return "results without a journal"
     n_specs = sum(1 for _ in _read_jsonl(d / SPECS_FILE))
-    n_done = len({x.get("metadata", {}).get("episode_id") for x in _read_jsonl(d / EPISODES_FILE)})
+    n_done = len({x.get("episode_id") or x.get("metadata", {}).get("episode_id") for x in _read_jsonl(d / EPISODES_FILE)})
     return f"{state.get('status', '?')}, {n_done} of {n_specs} episodes delivered"
 
 

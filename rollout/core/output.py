@@ -14,8 +14,13 @@ they are written from :meth:`rollout.core.pool.RolloutPool.stream`:
 Every episode is in exactly one file: on one line (its ``trajectory`` sample), or, in
 ``samples.jsonl`` with ``rollout.sample_mode=per_turn`` / ``merge_prefix``, on consecutive lines
 (one per sample, written with one write). ``failed.jsonl`` and ``filtered.jsonl`` hold one line per
-episode in every mode. Lines are flushed as results arrive. A resumed run
-(:mod:`rollout.core.journal`) appends to the same files and skips the episodes they already hold.
+episode in every mode. Each episode's lines reach the operating system as it arrives, whole or not
+at all (:func:`rollout.core.jsonl.append_whole`: a full disk raises
+:class:`~rollout.core.jsonl.OutputWriteError` naming the file, with the episode's lines taken
+back). A resumed run (:mod:`rollout.core.journal`) sets damaged lines aside (a torn last line, a
+corrupted one: :func:`rollout.core.jsonl.repair`), appends to the same files and skips the
+episodes they already hold; an episode the journal holds and the files lack (the disk filled
+between the two, or its line was set aside) is written then.
 
 What the agent did is on the same line, under ``messages``: the conversation as OpenAI chat
 messages (the user's turns, the assistant's replies and tool calls, the tool results; see
@@ -23,7 +28,9 @@ messages (the user's turns, the assistant's replies and tool calls, the tool res
 journal's ``episodes.jsonl`` and on the trainer API's samples; ``null`` with
 ``rollout.keep_messages=false``. ``summary.json`` counts, besides statuses and rewards, the turns
 cut at ``policy.sampling.max_new_tokens`` (``length_cut_turns``) and the episodes such a cut ended
-(``episodes_ended_by_turn_length``, ``policy.on_length=truncate``).
+(``episodes_ended_by_turn_length``, ``policy.on_length=truncate``), what graded the episodes
+(``graded_by``: the benchmark package, its version and the task set, with the episodes each graded)
+and the episodes graded on a reduced reward basis (``reward_basis_reduced``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from typing import Any
 
 from rollout.core.fastjson import dumps_line
 from rollout.core.groups import Excluded
+from rollout.core.journal import DAMAGE_FILE
+from rollout.core.jsonl import OutputWriteError, append_whole, read_lines, repair
 from rollout.core.metrics import EpisodeMetrics
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, TrainingSample
 from rollout.core.sample_modes import episode_groups
@@ -59,7 +68,10 @@ class RunStats:
     response of every sample: per_turn counts each turn's prompt again) and ``generated_tokens``
     are over samples; ``sample_splits`` sums the episodes' merge_prefix splits, ``compactions``
     their context compactions (``policy.context_strategy``); ``max_sample_tokens`` is the longest
-    sample's ``len(tokens)`` (at most ``policy.max_context_tokens``).
+    sample's ``len(tokens)`` (at most ``policy.max_context_tokens``). ``mean_reward_per_domain``
+    is over the samples' ``reward`` (what is trained: shaped with ``rollout.reward_shaping``),
+    ``mean_raw_reward_per_domain`` over their ``raw_reward`` (the benchmark's own);
+    ``episodes_with_task_issues`` counts episodes whose task has an open issue.
 
     Args:
         train_statuses: ``rollout.train_statuses``.
@@ -72,6 +84,8 @@ class RunStats:
         self.status_counts: collections.Counter[str] = collections.Counter()
         self.excluded_counts: collections.Counter[str] = collections.Counter()
         self.reward_sum: collections.Counter[str] = collections.Counter()
+        self.raw_reward_sum: collections.Counter[str] = collections.Counter()
+        self.task_issue_episodes = 0
         self.reward_n: collections.Counter[str] = collections.Counter()
         self.episodes = 0
         self.trained = 0
@@ -87,6 +101,10 @@ class RunStats:
         self.parse_errors = 0
         self.length_cut_turns = 0
         self.ended_by_turn_length = 0
+        # what graded the episodes (metadata.graded_by: the installed benchmark package, its version
+        # and the task set), as a JSON string (a hashable key) -> episodes
+        self.graded_by: collections.Counter[str] = collections.Counter()
+        self.reduced_basis = 0  # episodes graded on a reduced reward basis (reward_info.reward_basis_reduced)
 
     def add(self, s: TrainingSample, excluded_reason: str | None = None) -> None:
         """Count one delivered episode of one sample (``excluded_reason``: why it was kept out of
@@ -111,7 +129,9 @@ class RunStats:
             self.excluded_counts[excluded_reason] += 1
         if s.status in self.train_statuses:
             self.reward_sum[domain] += s.reward
+            self.raw_reward_sum[domain] += s.raw_reward
             self.reward_n[domain] += 1
+        self.task_issue_episodes += int(bool(s.task_issues))
         if m.error:
             self.errors[error_kind(s.status, m.error)] += 1
         self.turns += m.turns
@@ -121,6 +141,11 @@ class RunStats:
         self.parse_errors += m.parse_errors
         self.length_cut_turns += m.length_finishes
         self.ended_by_turn_length += int(m.termination_reason == "turn_length")
+        graded = s.metadata.get("graded_by")
+        if graded:
+            self.graded_by[json.dumps(graded, sort_keys=True)] += 1
+        if isinstance(m.reward_info, dict) and m.reward_info.get("reward_basis_reduced"):
+            self.reduced_basis += 1
 
     def summary(self) -> dict[str, Any]:
         wall = max(time.monotonic() - self.t0, 1e-9)
@@ -137,6 +162,14 @@ class RunStats:
             "status_counts": dict(self.status_counts),
             "excluded_counts": dict(self.excluded_counts),
             "mean_reward_per_domain": {d: self.reward_sum[d] / self.reward_n[d] for d in self.reward_n},
+            # the benchmark's own reward (samples' raw_reward): equal to the above without rollout.reward_shaping
+            "mean_raw_reward_per_domain": {d: self.raw_reward_sum[d] / self.reward_n[d] for d in self.reward_n},
+            # episodes whose task has an open issue (they ran: env.open_issues=run); skipped tasks: skipped_tasks
+            "episodes_with_task_issues": self.task_issue_episodes,
+            # what graded them (the benchmark package, its version, the task set): one entry per distinct one
+            "graded_by": [{**json.loads(k), "episodes": n} for k, n in sorted(self.graded_by.items())],
+            # episodes whose reward left part of the task's basis out (env.judge.kind=none: no NL assertions)
+            "reward_basis_reduced": self.reduced_basis,
             "mean_turns": self.turns / n,
             "mean_tokens": self.tokens / n,
             "generated_tokens": self.generated_tokens,
@@ -175,12 +208,14 @@ class RunWriter:
             for name in self.FILES:
                 path = self.dir / name
                 if path.is_file():
-                    for run in episode_groups(read_samples(path, tolerate_torn_tail=True)):
+                    repair(path, read_lines(path)[1], self.dir / DAMAGE_FILE)  # a line set aside is written again from the journal
+                    for run in episode_groups(read_samples(path)):
                         s = run[0]
                         if s.episode_id not in self.written:
                             self.written.add(s.episode_id)
                             self.stats.add_episode(run, None if name == "samples.jsonl" else s.metadata.get("excluded_reason", s.status))
-        self._files = {name: open(self.dir / name, "ab" if resume else "wb") for name in self.FILES}  # noqa: SIM115 (closed by close())
+        # unbuffered: each episode's lines are one write (taken back whole if it fails)
+        self._files = {name: open(self.dir / name, "ab" if resume else "wb", buffering=0) for name in self.FILES}  # noqa: SIM115 (closed by close())
 
     def _write(self, name: str, samples: list[TrainingSample], reason: str | None) -> None:
         """Write one episode's samples (consecutive lines, one write) unless it was written."""
@@ -188,25 +223,33 @@ class RunWriter:
         if eid in self.written:  # written by an earlier session of a resumed run
             self.skipped += 1
             return
-        f = self._files[name]
-        f.write(b"".join(dumps_line(s.to_dict()) for s in samples))  # orjson; reads back as json.dumps' line would
-        f.flush()
+        append_whole(self._files[name], b"".join(dumps_line(s.to_dict()) for s in samples))  # orjson; reads back as json.dumps' line would
         self.written.add(eid)
         self.stats.add_episode(samples, reason)
 
     def add_group(self, group: list[TrainingSample]) -> None:
-        """Write a kept group's samples to ``samples.jsonl`` (each episode's together)."""
+        """Write a kept group's samples to ``samples.jsonl`` (each episode's together).
+
+        Raises:
+            OutputWriteError: the file could not be written (the disk is full): the episode being
+                written was taken back, those before it are kept.
+        """
         for run in episode_groups(group):
             self._write("samples.jsonl", run, None)
 
     def add_excluded(self, ex: Excluded) -> None:
         """Write an excluded episode's sample to ``failed.jsonl`` (its status is not trainable) or
-        ``filtered.jsonl`` (held back for another reason)."""
+        ``filtered.jsonl`` (held back for another reason). Raises as :meth:`add_group`."""
         self._write("failed.jsonl" if ex.reason == ex.sample.status else "filtered.jsonl", [ex.sample], ex.reason)
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Close the files and write ``summary.json``; returns the summary (``extra`` keys
-        override the computed ones, e.g. the journal's true ``wall_s``)."""
+        override the computed ones, e.g. the journal's true ``wall_s``).
+
+        Raises:
+            OutputWriteError: ``summary.json`` could not be written (the files are closed); its
+                ``summary`` attribute holds the summary.
+        """
         for f in self._files.values():
             f.close()
         summary = self.stats.summary()
@@ -216,7 +259,15 @@ class RunWriter:
             if "wall_s" in extra:
                 summary["episodes_per_s"] = summary["episodes"] / max(extra["wall_s"], 1e-9)
                 summary["generated_tokens_per_s"] = summary["generated_tokens"] / max(extra["wall_s"], 1e-9)
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        path, tmp = self.dir / "summary.json", self.dir / "summary.json.tmp"
+        try:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            tmp.replace(path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            err = OutputWriteError(path, e)
+            err.summary = summary
+            raise err from None
         return summary
 
 

@@ -25,9 +25,11 @@ and the groups all work on it). A mode splits it into the samples the trainer ge
 
 An episode none of whose turns sampled a token (it failed before, or its context was full at
 once) gives its episode sample in every mode, so every episode has at least one sample. Every
-sample carries the episode's ``reward``, ``status``, group, ``metadata`` (with ``episode_id``) and,
-in ``per_turn`` / ``merge_prefix``, ``metadata["turn_indices"]``: the assistant turns it holds
-(indices in the episode's order, from 0; :attr:`TrainingSample.turn_indices`).
+sample carries the episode's ``reward``, ``status``, group, ``metadata`` and, as top-level fields,
+``episode_id`` and ``turn_indices``: the assistant turns it holds (indices in the episode's order,
+from 0; every turn of the episode, or of the segment, for a ``trajectory`` sample; ``[]`` for an
+episode without a ``/generate`` call). The per-turn modes and the segments also keep the copy
+``metadata["turn_indices"]`` they always had (:class:`~rollout.core.records.TrainingSample`).
 
 The turns come from :func:`turn_records`, cut out of the episode sample
 (:func:`rollout.core.trajectory.turn_calls`). An episode whose prompts did not all extend each other
@@ -104,7 +106,8 @@ def segments(episode: TrainingSample) -> list[TrainingSample]:
         out.append(TrainingSample(
             tokens=tokens, response_length=resp, loss_mask=list(episode.loss_mask[first:b]),
             rollout_log_probs=list(episode.rollout_log_probs[first:b]), reward=episode.reward, status=episode.status,
-            group_id=episode.group_id, sample_index=episode.sample_index, metadata=meta,
+            group_id=episode.group_id, sample_index=episode.sample_index, episode_id=episode.episode_id,
+            turn_indices=list(meta["turn_indices"]), metadata=meta, raw_reward=episode.raw_reward, task_issues=list(episode.task_issues),
             weight_versions=[v for _, v in mine], generation_spans=spans, messages=episode.messages,
         ))
     if calls:
@@ -187,7 +190,9 @@ class _Builder:
         return TrainingSample(
             tokens=self.prompt + self.ids, response_length=len(self.ids), loss_mask=self.mask, rollout_log_probs=self.logp,
             reward=episode.reward, status=episode.status, group_id=episode.group_id, sample_index=episode.sample_index,
-            metadata=meta, weight_versions=self.versions, generation_spans=self.spans, messages=episode.messages,
+            episode_id=episode.episode_id, turn_indices=list(self.turns), raw_reward=episode.raw_reward,
+            task_issues=list(episode.task_issues), metadata=meta, weight_versions=self.versions, generation_spans=self.spans,
+            messages=episode.messages,
         )
 
 

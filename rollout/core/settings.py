@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rollout.core.choices import History
-from rollout.core.config import OnLength, OnParseError, PartialRollout, PolicyConfig
+from rollout.core.config import OnLength, OnParseError, PartialRollout, PolicyConfig, RewardShapingConfig
 from rollout.core.context import ContextStrategy, NoCompaction, get_context_strategy
+from rollout.core.shaping import RewardShaping
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class EpisodeSettings:
             (``policy.context_strategy``, built once per actor; :mod:`rollout.core.context`).
         context_headroom_tokens: the room for a turn whose lack starts a compaction, and which a
             compaction must leave (``policy.context_headroom_tokens``).
+        reward_shaping: the shapers of ``rollout.reward_shaping`` (built once per actor;
+            :mod:`rollout.core.shaping`), applied by the guarded runner to each episode's result;
+            none by default.
     """
 
     max_steps: int
@@ -50,18 +54,20 @@ class EpisodeSettings:
     history: History = History.APPEND
     context_strategy: ContextStrategy = field(default_factory=NoCompaction)
     context_headroom_tokens: int = PolicyConfig.context_headroom_tokens
+    reward_shaping: RewardShaping = field(default_factory=RewardShaping)
 
     @classmethod
     def from_policy(cls, policy: PolicyConfig, *, max_steps: int, system_prompt: str, tool_names: tuple[str, ...] | list[str],
-                    partial_rollout: PartialRollout = PartialRollout.CONTINUE) -> EpisodeSettings:
+                    partial_rollout: PartialRollout = PartialRollout.CONTINUE, reward_shaping: RewardShapingConfig | None = None) -> EpisodeSettings:
         """The settings for ``policy`` (the ``policy`` section: sampling budget and stop strings,
         context bound, parse-error and length policies, tokenizer timeout), with the environment's
-        ``max_steps``, system prompt and tool names; one construction for every path (the
-        worker, ``asolve``).
+        ``max_steps``, system prompt and tool names, and ``rollout.reward_shaping`` (``None``: no
+        shaping); one construction for every path (the worker, the trainers' task runner, ``asolve``).
 
         Raises:
             KeyError, ImportError, TypeError: ``policy.context_strategy`` names no strategy
-                (:func:`rollout.core.context.get_context_strategy`).
+                (:func:`rollout.core.context.get_context_strategy`), or
+                ``rollout.reward_shaping.shapers`` no shaper (:mod:`rollout.core.shaping`).
         """
         return cls(
             max_steps=int(max_steps),
@@ -77,4 +83,5 @@ class EpisodeSettings:
             history=History(policy.history),
             context_strategy=get_context_strategy(policy.context_strategy),
             context_headroom_tokens=policy.context_headroom_tokens,
+            reward_shaping=RewardShaping.from_config(reward_shaping),
         )

@@ -35,6 +35,20 @@ def reason(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {e}")
 
 
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported here (found on the path and not masked in ``sys.modules``:
+    looked up, not imported, milliseconds)."""
+    import importlib.util
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 # How long check_ray_address waits for a named Ray cluster to accept a connection (seconds): a
 # head started just before the job (`ray start --head` in the same script) takes a few seconds to
 # listen; ray.init itself waits for minutes on an address where nothing ever will.

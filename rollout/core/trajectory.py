@@ -28,7 +28,8 @@ class Trajectory:
     tokens, tool results, user turns, turn-boundary repairs: mask 0, log-prob 0.0). The three
     response lists always have the same length.
 
-    Each ``/generate`` call is recorded once, in order: ``weight_versions[j]`` is the server's
+    Each ``/generate`` call is recorded once, in order (a call whose ids two weight versions
+    sampled, ``Generation.weight_spans``, once per version, its spans adjacent): ``weight_versions[j]`` is the server's
     ``meta_info["weight_version"]`` for call ``j`` (``None`` if the server sent none) and
     ``generation_spans[j] == (start, end)`` are the response indices of the tokens call ``j``
     sampled (``end - start`` tokens; empty when it sampled none or its tokens were discarded).

@@ -10,159 +10,32 @@ actor in one place; tests use it directly.
 from __future__ import annotations
 
 import asyncio
-import collections
-import gc
 import logging
-import math
 import os
-import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
-from rollout.core.config import AdaptiveConcurrencyConfig, EnvConfig, LoggingConfig, PolicyConfig
-from rollout.core.environment import Benchmark, UserSimulatorError, load_benchmark
-from rollout.core.episode import run_episode
+from rollout.core.config import AdaptiveConcurrencyConfig, EnvConfig, LoggingConfig, PolicyConfig, RewardShapingConfig
+from rollout.core.environment import Benchmark, Environment, UserSimulatorError, load_benchmark
 from rollout.core.eventloop import loop_kind
-from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
+from rollout.core.formats import build_chat_format, choose_chat_format
 from rollout.core.logs import setup_logging
-from rollout.core.policy import BackendBreaker, GenerationGate, RouterAdmin, SGLangClient, api_key_from_env
+from rollout.core.loop_health import LoopLagProbe, tune_actor_process
+from rollout.core.policy import BackendBreaker, GenerationGate, HTTPPolicyClient, api_key_from_env
 from rollout.core.policy.kvgate import KVGate
-from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
+from rollout.core.policy_engines import get_policy_engine
+from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TaskIssue, WorkerFields
+from rollout.core.runner import run_guarded_episode
 from rollout.core.settings import EpisodeSettings
+from rollout.core.tasks import issues_by_task, open_task_issues
 from rollout.core.telemetry import NULL_RECORDER, Recorder
 from rollout.core.telemetry import registry as metrics_registry
 from rollout.core.telemetry.probes import EnvironmentMetrics, MeteredEnvironment
 from rollout.core.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-class LoopLagProbe:
-    """Event-loop lag: how late the loop wakes a coroutine that asked to sleep.
-
-    A probe coroutine sleeps ``interval_s`` in a loop and records, each time, how much later than
-    asked it woke (``loop.time()`` after the sleep, minus the time before it, minus
-    ``interval_s``; never below 0). Whatever keeps the loop from running callbacks (a blocking
-    call on the loop, CPU-bound callbacks, a worker thread holding the GIL) shows up as lag. The
-    floor is about 1 ms: the selector's timeout has millisecond resolution.
-
-    On Linux it also reads the loop thread's scheduler statistics (``/proc/self/task/<tid>/
-    schedstat``: nanoseconds on a CPU, nanoseconds runnable but waiting for one), so
-    :meth:`stats` can tell the loop's own CPU time from time lost waiting for a core that other
-    threads or processes hold.
-
-    Args:
-        interval_s: the probe's sleep, seconds (> 0).
-        max_samples: samples kept; the oldest are dropped beyond it (about 17 minutes at 10 ms).
-        on_sample: called on the loop with each sample (seconds of lag), e.g. a metric's
-            :meth:`~rollout.core.telemetry.Instrument.record`; ``None``: nothing.
-
-    Raises:
-        ValueError: ``interval_s <= 0`` or ``max_samples < 1``.
-    """
-
-    def __init__(self, interval_s: float = 0.01, max_samples: int = 100_000, on_sample: Callable[[float], None] | None = None) -> None:
-        if interval_s <= 0 or max_samples < 1:
-            raise ValueError(f"LoopLagProbe needs interval_s > 0 and max_samples >= 1, got {interval_s}, {max_samples}")
-        self.interval_s = float(interval_s)
-        self._samples: collections.deque[float] = collections.deque(maxlen=max_samples)
-        self._on_sample = on_sample
-        self._task: asyncio.Task | None = None
-        self._tid: int | None = None  # the loop thread's native id, once the probe runs
-        self._sched0: tuple[float, float, float] | None = None  # (monotonic s, on-CPU s, waiting s) at start / reset
-
-    @property
-    def running(self) -> bool:
-        """Whether the probe coroutine is running."""
-        return self._task is not None and not self._task.done()
-
-    def start(self) -> None:
-        """Start the probe on the running event loop (idempotent).
-
-        Raises:
-            RuntimeError: no running event loop in this thread.
-        """
-        if not self.running:
-            self._task = asyncio.get_running_loop().create_task(self._probe(), name="loop-lag-probe")
-
-    async def _probe(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tid = threading.get_native_id()
-        self._sched0 = self._sched_now()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(self.interval_s)
-            lag = max(0.0, loop.time() - t0 - self.interval_s)
-            self._samples.append(lag)
-            if self._on_sample is not None:
-                self._on_sample(lag)
-
-    def stats(self, reset: bool = False) -> dict[str, Any]:
-        """Lag percentiles over the samples since the start or the last reset.
-
-        Args:
-            reset: forget the samples after reading them (the next call covers what follows).
-
-        Returns:
-            ``{"samples": int, "interval_ms": float, "p50_ms", "p99_ms", "max_ms", "mean_ms",
-            "loop_cpu_share", "loop_wait_share"}``: milliseconds (nearest-rank percentiles; the
-            four figures are None without samples), then the loop thread's seconds on a CPU and
-            seconds runnable but waiting for a CPU, each per second of the same span (None where
-            the kernel does not say: not Linux, or no ``schedstat``). A wait share that is large
-            next to the CPU share means the lag comes from a busy machine, not from the loop's
-            own work.
-        """
-        data = sorted(self._samples)
-        now = self._sched_now()
-        cpu_share = wait_share = None
-        if now is not None and self._sched0 is not None and now[0] > self._sched0[0]:
-            span = now[0] - self._sched0[0]
-            cpu_share = round((now[1] - self._sched0[1]) / span, 4)
-            wait_share = round((now[2] - self._sched0[2]) / span, 4)
-        if reset:
-            self._samples.clear()
-            self._sched0 = now
-        n = len(data)
-
-        def pct(q: float) -> float | None:
-            if not n:
-                return None
-            rank = math.ceil(round(q * n, 9))  # nearest rank (rounded: 0.99 * 100 is 99.00000000000001)
-            return round(1e3 * data[min(n, max(1, rank)) - 1], 3)
-
-        return {
-            "samples": n,
-            "interval_ms": round(1e3 * self.interval_s, 3),
-            "p50_ms": pct(0.50),
-            "p99_ms": pct(0.99),
-            "max_ms": round(1e3 * data[-1], 3) if n else None,
-            "mean_ms": round(1e3 * sum(data) / n, 3) if n else None,
-            "loop_cpu_share": cpu_share,
-            "loop_wait_share": wait_share,
-        }
-
-    def _sched_now(self) -> tuple[float, float, float] | None:
-        """``(time.monotonic(), seconds on a CPU, seconds waiting for one)`` of the loop thread,
-        or None (the probe has not run yet, or no ``schedstat``)."""
-        if self._tid is None:
-            return None
-        try:
-            with open(f"/proc/self/task/{self._tid}/schedstat") as f:
-                on_cpu_ns, waiting_ns, _ = f.read().split()
-        except (OSError, ValueError):
-            return None
-        return time.monotonic(), int(on_cpu_ns) / 1e9, int(waiting_ns) / 1e9
-
-    def stop(self) -> None:
-        """Cancel the probe coroutine (idempotent); the samples are kept."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
 
 
 def chat_format_for(policy_cfg: PolicyConfig, tokenizer: Any) -> str:
@@ -193,7 +66,7 @@ class RolloutWorker:
         gil_switch_interval_ms: with ``own_process``, the process's GIL switch interval
             (``pool.gil_switch_interval_ms``).
         recorder: where the actor's metrics go (``None``: nowhere): episodes started and
-            running, the ``/generate`` calls (:class:`~rollout.core.policy.SGLangClient`), the
+            running, the generate calls (:class:`~rollout.core.policy.HTTPPolicyClient`), the
             user simulator's turns and the tool calls
             (:class:`~rollout.core.telemetry.probes.MeteredEnvironment`), and the event loop's lag
             (a second :class:`LoopLagProbe`, 50 ms sleeps, started with the first episode). The
@@ -201,10 +74,13 @@ class RolloutWorker:
         adaptive_concurrency: ``pool.adaptive_concurrency``; when enabled, one
             :class:`~rollout.core.policy.kvgate.KVGate` per worker (one poller of the workers'
             ``/metrics``) holds new episodes and new turns while the workers' KV usage is high;
-            an episode that waited gets ``metadata["kv_held_s"]``. ``None`` or disabled: no gate.
+            an episode that waited gets ``kv_held_s`` (:class:`~rollout.core.records.WorkerFields`,
+            ``metadata["kv_held_s"]`` in the JSON). ``None`` or disabled: no gate.
         kv_actor: ``(this actor's index, pool.num_actors)`` (the pool sets it): the KV gate's
             part of the servers' KV (``1 / num_actors`` of it, or under ``placement=gate`` its own
             workers: :func:`~rollout.core.policy.kvslots.my_workers`).
+        reward_shaping: ``rollout.reward_shaping`` (``None``: none), applied to every result;
+            each also carries its task's open issues (:func:`rollout.core.tasks.open_task_issues`).
 
     The weight-update cycle: :meth:`pause_generation` closes the worker's
     :class:`~rollout.core.policy.GenerationGate` (new ``/generate`` calls wait; a call the servers
@@ -219,7 +95,7 @@ class RolloutWorker:
     def __init__(self, policy_cfg: PolicyConfig, env_cfg: EnvConfig, logging_cfg: LoggingConfig | None = None, max_concurrent_episodes: int = 8,
                  partial_rollout: str = "continue", own_process: bool = False, gil_switch_interval_ms: float = 1.0,
                  recorder: Recorder | None = None, adaptive_concurrency: AdaptiveConcurrencyConfig | None = None,
-                 kv_actor: tuple[int, int] = (0, 1)):
+                 kv_actor: tuple[int, int] = (0, 1), reward_shaping: RewardShapingConfig | None = None):
         logging_cfg = logging_cfg or LoggingConfig()
         setup_logging(logging_cfg)
         self.policy_cfg = policy_cfg
@@ -232,23 +108,16 @@ class RolloutWorker:
         self.domain: Benchmark = load_benchmark(env_cfg, log_level=logging_cfg.tau2_level)  # env.benchmark's, through the registry
         self.tokenizer = load_tokenizer(policy_cfg.tokenizer)
         kwargs = {} if policy_cfg.enable_thinking is None else {"enable_thinking": policy_cfg.enable_thinking}
-        self.chat_format = chat_format_for(policy_cfg, self.tokenizer)
-        self.chat = get_chat_format(self.chat_format)(self.tokenizer, tools=self.domain.tool_schemas, template_kwargs=kwargs)
-        self.template_report = self.chat.probe()
-        if not self.template_report.ok:
-            raise TemplateError(
-                f"tokenizer {policy_cfg.tokenizer!r}: exact delta tokenization is impossible with chat format {self.chat_format}:\n"
-                + self.template_report.summary()
-            )
-        logger.debug("chat format %s probe for %s:\n%s", self.chat_format, policy_cfg.tokenizer, self.template_report.summary())
+        probed = build_chat_format(self.tokenizer, self.domain.tool_schemas, kwargs, policy_cfg.chat_format, source=policy_cfg.tokenizer)
+        self.chat_format, self.chat, self.template_report = probed.name, probed.chat, probed.report
         self.settings = EpisodeSettings.from_policy(policy_cfg, max_steps=env_cfg.max_steps, system_prompt=self.domain.system_prompt,
-                                                    tool_names=self.domain.tool_names, partial_rollout=partial_rollout)
+                                                    tool_names=self.domain.tool_names, partial_rollout=partial_rollout, reward_shaping=reward_shaping)
         self.max_concurrent_episodes = max_concurrent_episodes
         self.executor = ThreadPoolExecutor(max_workers=max(4, max_concurrent_episodes), thread_name_prefix="tau2")  # the environment's blocking calls
         self.sandbox = self.domain.new_actor_sandbox(env_cfg, log_level=logging_cfg.tau2_level)  # None: the benchmark needs none
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._client: SGLangClient | None = None
+        self._client: HTTPPolicyClient | None = None
         self.gate = GenerationGate()
         self.adaptive_concurrency = adaptive_concurrency
         self.kv_actor = kv_actor
@@ -265,7 +134,7 @@ class RolloutWorker:
         self._metrics_probe = LoopLagProbe(interval_s=0.05, max_samples=1, on_sample=lag.record) if self.recorder.enabled else None
         self.process_tuning = tune_actor_process(gil_switch_interval_ms / 1e3) if own_process else None
 
-    def _ensure_session(self) -> SGLangClient:
+    def _ensure_session(self) -> HTTPPolicyClient:
         if self._session is None or self._session.closed:
             conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=conn)
@@ -273,12 +142,14 @@ class RolloutWorker:
                 self.kv_gate.close()
             self.kv_gate = None
             ac = self.adaptive_concurrency
+            wire = get_policy_engine(self.policy_cfg.engine)  # policy.engine: SGLang's or vLLM's wire protocol
             if ac is not None and ac.enabled:
                 key = api_key_from_env(self.policy_cfg.api_key_env)
-                lister = RouterAdmin(str(self.policy_cfg.router_url), self._session, timeout_s=ac.timeout_s, api_key=key)
-                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_health, api_key=key, actor=self.kv_actor[0], actors=self.kv_actor[1])
-            self._client = SGLangClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder,
-                                        kv_gate=self.kv_gate)
+                lister = wire.admin(str(self.policy_cfg.router_url), self._session, timeout_s=ac.timeout_s, api_key=key)
+                self.kv_gate = KVGate(ac, self._session, list_workers=lister.worker_health, api_key=key, actor=self.kv_actor[0],
+                                      actors=self.kv_actor[1], metrics=wire.kv_metrics)
+            self._client = HTTPPolicyClient(self.policy_cfg, self._session, gate=self.gate, breaker=self.breaker, recorder=self.recorder,
+                                            kv_gate=self.kv_gate, wire=wire)
             self._semaphore = asyncio.Semaphore(self.max_concurrent_episodes)
         assert self._client is not None
         return self._client
@@ -351,28 +222,28 @@ class RolloutWorker:
                     held = client.kv_held_s.pop(eid, 0.0)
                     self._running_gauge.record(len(self._running))
         self._cancelled.discard(eid)
-        if held:
-            result.metadata["kv_held_s"] = round(held, 3)
         self.episodes_run += 1
-        result.metadata.setdefault("worker_pid", os.getpid())
+        result.add_worker_fields(WorkerFields(os.getpid(), round(held, 3) if held else None))
+        result.add_graded_by(getattr(self.domain, "graded_by", None))  # the benchmark's optional GradedBy
         return result
 
-    async def _run(self, spec: EpisodeSpec, client: SGLangClient, timeout_s: float | None) -> InteractionResult:
-        try:
-            try:  # an unknown task id raises KeyError: the crash net below
-                env = self.domain.new_episode(self.env_cfg, spec.task_id, seed=spec.seed, executor=self.executor, sandbox=self.sandbox)
-            except UserSimulatorError as e:  # set-up failure (e.g. its API key is missing)
-                self._env_metrics.user_errors.record(1)
-                return InteractionResult(spec, EpisodeStatus.USER_ERROR, 0.0, None, metadata={"termination_reason": "user_setup", "error": str(e)})
-            if self.recorder.enabled:
-                env = MeteredEnvironment(env, self._env_metrics)
-            coro = run_episode(spec, env, client, self.chat, self.settings)
-            return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
-        except asyncio.TimeoutError:
-            return InteractionResult(spec, EpisodeStatus.TIMEOUT, 0.0, None, metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s (pool.episode_timeout_s)"})
-        except Exception as e:  # anything else is a bug, but must not take the actor down
-            logger.exception("episode %s crashed", spec.episode_id)
-            return InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
+    async def _run(self, spec: EpisodeSpec, client: HTTPPolicyClient, timeout_s: float | None) -> InteractionResult:
+        """:func:`rollout.core.runner.run_guarded_episode` on a fresh environment of the domain (an
+        unknown task id raises ``KeyError`` there: ``env_error``), metered when the actor records
+        metrics."""
+
+        def open_env() -> Environment:
+            return self.domain.new_episode(self.env_cfg, spec.task_id, seed=spec.seed, executor=self.executor, sandbox=self.sandbox)
+
+        return await run_guarded_episode(spec, open_env, client, self.chat, self.settings, timeout_s=timeout_s,
+                                         prepare=self._metered if self.recorder.enabled else None, on_user_error=self._user_error,
+                                         task_issues=open_task_issues(self.domain, spec.task_id))
+
+    async def _metered(self, env: Environment, settings: EpisodeSettings) -> tuple[Environment, EpisodeSettings]:
+        return MeteredEnvironment(env, self._env_metrics), settings
+
+    def _user_error(self, error: UserSimulatorError) -> None:
+        self._env_metrics.user_errors.record(1)
 
     async def loop_lag(self, reset: bool = False) -> dict[str, Any]:
         """This worker's event-loop lag (see :class:`LoopLagProbe`; 10 ms probe sleeps). The
@@ -401,6 +272,14 @@ class RolloutWorker:
         itself at start (:meth:`rollout.core.policy.BackendBreaker.arm`). Returns the breaker's stats."""
         self.breaker.arm()
         return self.breaker.stats()
+
+    def domain_task_ids(self) -> list[str]:
+        """Every task id of the loaded domain, in the benchmark's order (``RolloutPool.submit`` checks specs against them)."""
+        return [str(t) for t in self.domain.tasks]
+
+    def domain_open_issues(self) -> dict[str, list[TaskIssue]]:
+        """``{task id: its open issues}`` for the domain's tasks that have any (for the pool's own records)."""
+        return dict(issues_by_task(self.domain, self.domain.tasks))
 
     def info(self) -> dict[str, Any]:
         """Identity and state of this worker (for logs and the pool)."""
@@ -439,43 +318,6 @@ class RolloutWorker:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def tune_actor_process(switch_interval_s: float = 0.001) -> dict[str, Any]:
-    """Tune a rollout actor's process for a responsive event loop; call it once the process has
-    loaded what it keeps (the domain's database and tasks, the tokenizer).
-
-    * ``gc.freeze()`` moves every object alive now to a generation the collector never scans.
-      Without it, each full collection walks the ~160k (retail) to ~200k (airline) objects of the
-      parsed database and tasks: about 100 ms with the event loop stopped, measured here, a
-      loop-lag spike every time one runs. (The idea is the one the ``gc.freeze`` documentation
-      gives for long-lived servers.)
-    * ``malloc_trim(0)`` (glibc only; skipped elsewhere) returns the free pages the loading left
-      in the heap: about 20 MiB after the tokenizer's load, measured here.
-    * ``sys.setswitchinterval(switch_interval_s)``: the event loop lets the GIL go at every
-      system call (each socket read and write, each poll) and must then wait for a worker thread
-      running Python (a tool call, a reward) to hand it back, at the latest after the switch
-      interval: Python's default of 5 ms per system call adds up to the loop's lag under load
-      (the GIL "convoy effect", D. Beazley, "Understanding the Python GIL", PyCon 2010).
-
-    Args:
-        switch_interval_s: the GIL switch interval, seconds (> 0).
-
-    Returns:
-        ``{"frozen": objects frozen, "trimmed": whether malloc_trim ran, "switch_interval_s"}``.
-    """
-    gc.collect()
-    gc.freeze()
-    trimmed = False
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        trimmed = True
-    except (OSError, AttributeError):  # not glibc
-        pass
-    sys.setswitchinterval(switch_interval_s)
-    return {"frozen": gc.get_freeze_count(), "trimmed": trimmed, "switch_interval_s": sys.getswitchinterval()}
-
-
 def _router_answers(cfg: PolicyConfig, timeout_s: float = 5.0) -> bool:
     """True when ``GET {router_url}/health`` answers 200 within ``timeout_s`` seconds."""
     import urllib.request
@@ -494,4 +336,4 @@ def _router_answers(cfg: PolicyConfig, timeout_s: float = 5.0) -> bool:
 
 
 def _cancelled(spec: EpisodeSpec) -> InteractionResult:
-    return InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
+    return InteractionResult.failed(spec, EpisodeStatus.CANCELLED, "cancelled")

@@ -37,14 +37,23 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from rollout.app.preflight import check_config
 from rollout.core.config import Config, ConfigError, load_config
-from rollout.core.episode import parse_request_id
 from rollout.core.export import get_exporter
 from rollout.core.records import InteractionResult, TrainingSample
 from rollout.core.sample_modes import segments
+from rollout.devtools.check_engine import (
+    RecordingProxy,
+    UpdateReport,
+    cross_update,
+    next_version,
+    open_engine,
+    served_checkpoint,
+    starting_weights,
+    transformers_model,
+    update_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,47 +63,6 @@ logger = logging.getLogger(__name__)
 # of what a cut turn should become).
 CHECK_DEFAULTS = ["env.max_steps=12", "policy.sampling.max_new_tokens=32", "policy.on_length=keep", "env.user.max_tokens=24",
                   "rollout.n_samples_per_task=1"]
-
-
-class RecordingProxy:
-    """An HTTP proxy in front of a router that records every ``/generate`` exchange.
-
-    ``calls[episode_id]`` is a list of ``(input_ids, generated_ids, log_probs)`` in request order
-    (the episode id is the part of ``rid`` before ``#``). Binds 127.0.0.1 on a free port; use as
-    ``async with RecordingProxy(router_url) as proxy: ... proxy.url ...``.
-    """
-
-    def __init__(self, upstream: str):
-        self.upstream = upstream.rstrip("/")
-        self.calls: dict[str, list[tuple[list[int], list[int], list[float]]]] = collections.defaultdict(list)
-        self.url = ""
-
-    async def _generate(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-") or k.lower() == "authorization"}
-        async with self._session.post(self.upstream + "/generate", json=body, headers=headers) as r:
-            data = await r.json(content_type=None)
-            status = r.status
-        if status == 200 and isinstance(body.get("input_ids"), list):
-            pairs = data["meta_info"]["output_token_logprobs"]
-            eid = parse_request_id(str(body.get("rid", "")))[0]
-            self.calls[eid].append((list(body["input_ids"]), [p[1] for p in pairs], [p[0] for p in pairs]))
-        return web.json_response(data, status=status)
-
-    async def __aenter__(self) -> "RecordingProxy":
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=256 * 2**20)
-        app.router.add_post("/generate", self._generate)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
 
 
 @dataclass
@@ -256,75 +224,68 @@ def recompute_masked_log_probs(model, tokens: list[int], positions: list[int], t
         return logp.gather(1, target[:, None])[:, 0].tolist()
 
 
-def _load_model(cfg: Config, model_path: str | None, vocab_size: int):
-    if model_path:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(model_path, torch_dtype="float32").eval()
-    if cfg.local.enabled and cfg.local.backend == "tiny":
-        from rollout.devtools.local.tiny import build_tiny_model
-
-        return build_tiny_model(vocab_size, cfg.local.tiny)
-    raise ConfigError("the exactness check needs the policy's weights: use local.backend=tiny or pass --model PATH")
-
-
-async def _run_episodes(cfg: Config, n: int) -> tuple[list[InteractionResult], RecordingProxy, Any]:
+async def _run_episodes(cfg: Config, n: int, update_path: Path | None, after_calls: int
+                        ) -> tuple[list[InteractionResult], RecordingProxy, Any, str | None, UpdateReport | None]:
+    """Run ``n`` episodes on one worker through a :class:`RecordingProxy`; with ``update_path``,
+    cross a weight update to it once ``after_calls`` calls were answered (:func:`cross_update`).
+    Returns ``(results, proxy, worker, the version the workers reported at the start, the update's report)``."""
+    from rollout.core.policy import api_key_from_env
+    from rollout.core.policy_engines import get_policy_engine
     from rollout.core.pool import make_specs
     from rollout.core.worker import RolloutWorker
 
-    async with RecordingProxy(cfg.policy.router_url) as proxy:
+    wire = get_policy_engine(cfg.policy.engine)
+    async with RecordingProxy(cfg.policy.router_url, wire) as proxy:
+        async with aiohttp.ClientSession() as session:
+            admin = wire.admin(cfg.policy.router_url, session, api_key=api_key_from_env(cfg.policy.api_key_env))
+            start = sorted({str(v) for v in (await admin.weight_versions()).values()})
         policy = dataclasses.replace(cfg.policy, router_url=proxy.url)
-        worker = RolloutWorker(policy, cfg.env, cfg.logging, max_concurrent_episodes=n)
+        worker = RolloutWorker(policy, cfg.env, cfg.logging, max_concurrent_episodes=n, partial_rollout=str(cfg.rollout.partial_rollout))
         ids = worker.domain.task_ids(cfg.env.task_split, cfg.env.task_ids)
         per_task = -(-n // len(ids))  # several samples per task when there are fewer tasks than episodes
         specs = make_specs(cfg.env.domain, ids[:n], per_task, seed=cfg.rollout.seed)[:n]
+        done = asyncio.Event()
+        updater = None
+        if update_path is not None:
+            updater = asyncio.create_task(cross_update(worker, proxy, cfg, update_path, next_version(start[-1] if start else None),
+                                                       after_calls, done))
         try:
             results = await asyncio.gather(*[worker.run(s) for s in specs])
         finally:
+            done.set()
+            report = await updater if updater is not None else None
             await worker.close()
-    return results, proxy, worker
+    return results, proxy, worker, (start[0] if len(start) == 1 else None), report
 
 
-def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -> tuple[ExactnessReport, list[InteractionResult], dict]:
-    """Run ``episodes`` episodes and check them (see the module docstring).
+def _sample_check(models: dict[str | None, Any], smp: TrainingSample, temperature: float) -> tuple[float, int, collections.Counter]:
+    """``(max |rollout - recomputed|, masked tokens, masked tokens per version)`` of one sample:
+    each loss-masked token recomputed by the weights of the version that sampled it (one forward
+    pass per version over the sample's tokens). ``models[None]`` serves every version when it is
+    the only one. A version with no weights counts as an infinite difference."""
+    versions = smp.token_weight_versions()
+    by_version: dict[str | None, list[int]] = collections.defaultdict(list)
+    for i, m in enumerate(smp.loss_mask):
+        if m == 1:
+            by_version[None if versions[i] is None else str(versions[i])].append(i)
+    diff, p = 0.0, smp.prompt_length
+    for v, masked in by_version.items():
+        model = models.get(v, models.get(None))
+        if model is None:
+            logger.error("no weights for weight version %r (known: %s)", v, sorted(map(str, models)))
+            return float("inf"), sum(map(len, by_version.values())), collections.Counter()
+        recomputed = recompute_masked_log_probs(model, smp.tokens, [p + i for i in masked], temperature)
+        diff = max([diff] + [abs(a - smp.rollout_log_probs[i]) for a, i in zip(recomputed, masked)])
+    return diff, sum(map(len, by_version.values())), collections.Counter({str(v): len(ix) for v, ix in by_version.items()})
 
-    Args:
-        cfg: a validated config; the local stack is started when ``local.enabled``.
-        episodes: how many episodes to run.
-        model_path: a ``transformers`` model with the policy's weights (not needed with ``tiny``).
 
-    Returns:
-        ``(report, results, info)``; ``info`` has timings and the settings used.
-
-    Raises:
-        ConfigError: no way to get the policy's weights.
-    """
-    from rollout.app.wiring import resolve_endpoints
-    from rollout.core.tokenizer import load_tokenizer
-
-    # The weights first: a missing model (or torch) fails before minutes of episodes, not after.
-    tokenizer = load_tokenizer(cfg.policy.tokenizer)
-    model = _load_model(cfg, model_path, len(tokenizer))
-    stack = None
-    info: dict[str, Any] = {}
-    try:
-        if cfg.local.enabled:
-            from rollout.devtools.local.stack import LocalStack
-
-            stack = LocalStack(cfg.local, cfg.env.domain, cfg.policy.tokenizer, log_dir=Path(cfg.rollout.output_dir) / "check_stack_logs",
-                               chat_format=cfg.policy.chat_format)
-            stack.start()
-            cfg = resolve_endpoints(cfg, stack.router_url)
-        t0 = time.monotonic()
-        results, proxy, worker = asyncio.run(_run_episodes(cfg, episodes))
-        info["episodes_s"] = time.monotonic() - t0
-    finally:
-        if stack is not None:
-            stack.stop()
+def _mode_report(mode: str, results: list[InteractionResult], proxy: RecordingProxy, models: dict, cfg: Config, tokenizer,
+                 worker) -> tuple[ExactnessReport, collections.Counter]:
+    """The findings of every episode cut into the samples of ``mode`` (the re-tokenizing baseline
+    is measured too), and the masked tokens per weight version."""
     kwargs = {} if cfg.policy.enable_thinking is None else {"enable_thinking": cfg.policy.enable_thinking}
-    report = ExactnessReport()
-    exporter = get_exporter(cfg.rollout.sample_mode, keep_messages=False)
-    t0 = time.monotonic()
+    exporter = get_exporter(mode, keep_messages=False)
+    report, per_version = ExactnessReport(), collections.Counter()
     for res in results:
         if res.trajectory is None:
             logger.warning("episode %s produced no trajectory (%s): %s", res.spec.episode_id, res.status.value, res.metadata.get("error"))
@@ -332,25 +293,101 @@ def check_exactness(cfg: Config, episodes: int, model_path: str | None = None) -
         calls = proxy.calls.get(res.spec.episode_id, [])
         masked_n, diff, bad = 0, 0.0, id_mismatches(res, calls)
         samples = exporter.export(res)
-        for smp in samples:  # one forward pass over each sample's own tokens
-            p = smp.prompt_length
-            masked = [i for i, m in enumerate(smp.loss_mask) if m == 1]
-            recomputed = recompute_masked_log_probs(model, smp.tokens, [p + i for i in masked], cfg.policy.sampling.temperature) if masked else []
-            diff = max([diff] + [abs(a - smp.rollout_log_probs[i]) for a, i in zip(recomputed, masked)])
-            masked_n += len(masked)
+        for smp in samples:
+            d, n, counts = _sample_check(models, smp, cfg.policy.sampling.temperature)
+            diff, masked_n = max(diff, d), masked_n + n
+            per_version.update(counts)
             bad += sample_id_mismatches(smp, calls)
         base_diff, base_len = retokenized_baseline(res, tokenizer, worker.domain.tool_schemas, kwargs, worker.chat)
         report.episodes.append(EpisodeCheck(res.spec.episode_id, int(res.metadata.get("turns", 0)), masked_n, diff, bad, base_diff, base_len,
                                             samples=len(samples)))
+    return report, per_version
+
+
+def check_exactness(cfg: Config, episodes: int, model_path: str | None = None, update_weights: bool = False,
+                    update_to: str | None = None) -> tuple[ExactnessReport, list[InteractionResult], dict]:
+    """Run ``episodes`` episodes and check them (see the module docstring).
+
+    Args:
+        cfg: a validated config; the engine ``local`` asks for is started (the local stack, vLLM).
+        episodes: how many episodes to run.
+        model_path: a ``transformers`` model with the policy's weights (not needed with the local
+            ``tiny`` or ``vllm`` backend).
+        update_weights: cross a weight update mid-run, to a second checkpoint the check writes
+            (:func:`rollout.devtools.check_engine.update_checkpoint`), or to ``update_to``.
+        update_to: the second checkpoint's folder (implies ``update_weights``).
+
+    Returns:
+        ``(report, results, info)``: ``report`` for ``rollout.sample_mode``; ``info`` has timings,
+        the settings used, ``info["modes"]`` (every registered sample mode's report) and
+        ``info["update"]`` (the update's :class:`~rollout.devtools.check_engine.UpdateReport`).
+
+    Raises:
+        ConfigError: no way to get the policy's weights, or those of the update.
+    """
+    from rollout.core.export import sample_modes
+    from rollout.core.tokenizer import load_tokenizer
+
+    # The weights first: a missing model (or torch) fails before minutes of episodes, not after.
+    tokenizer = load_tokenizer(cfg.policy.tokenizer)
+    out = Path(cfg.rollout.output_dir)
+    start_model = starting_weights(cfg, model_path, len(tokenizer))
+    update_path = Path(update_to) if update_to else update_checkpoint(cfg, out) if update_weights else None
+    info: dict[str, Any] = {"engine": None}
+    with open_engine(cfg, out / "check_stack_logs") as (cfg, engine):
+        info["engine"] = _engine_line(cfg, engine)
+        t0 = time.monotonic()
+        results, proxy, worker, start, update = asyncio.run(_run_episodes(cfg, episodes, update_path, 3 * episodes))
+        info["episodes_s"] = time.monotonic() - t0
+    models: dict[str | None, Any] = {start: start_model}
+    if update is not None:
+        models[update.version] = transformers_model(update_path)
+    import torch
+
+    # one thread: the servers and the actors share the cores (a 3,800-token forward took 0.69 s on
+    # one thread and 2.1-3.3 s on two, measured on the loaded 2-core machine)
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    info["modes"] = {}
+    for mode in sample_modes():
+        info["modes"][mode] = _mode_report(mode, results, proxy, models, cfg, tokenizer, worker)
+    report, info["tokens_per_version"] = info["modes"][str(cfg.rollout.sample_mode)]
     info["recompute_s"] = time.monotonic() - t0
+    info["update"] = update
     info["statuses"] = dict(collections.Counter(r.status.value for r in results))
     info["segments"] = sum(1 + len(r.trajectory.segment_starts) for r in results if r.trajectory is not None)
+    # append-only: one token sequence per episode (no segment), and every call's prompt + output
+    # lies on it as sent and sampled (the episode's differing ids are 0)
+    exact = {e.episode_id for e in report.episodes if e.id_mismatches == 0}
+    info["append_only"] = sum(1 for r in results if r.trajectory is not None and not r.trajectory.segment_starts
+                              and r.spec.episode_id in exact)
     info["compactions"] = sum(int(r.metadata.get("compactions") or 0) for r in results)
+    info["continued_turns"] = sum(int(r.metadata.get("continued_turns") or 0) for r in results)
     info["sample_mode"] = str(cfg.rollout.sample_mode)
+    info["history"] = str(cfg.policy.history)
     return report, results, info
 
 
+def _engine_line(cfg: Config, engine) -> str:
+    """One line naming what served the episodes: the engine and its version where it says."""
+    if served_checkpoint(cfg) is not None and engine is not None:
+        from rollout.devtools.local.vllm.processes import http_json
+
+        stack = engine.stack
+        try:
+            version = http_json("GET", stack.worker_urls[0] + "/version")[1].get("version")
+        except (OSError, AttributeError):
+            version = "?"
+        return (f"vLLM {version} (CPU): {len(stack.worker_urls)} server(s) behind vllm-router {stack.router_url}, "
+                f"checkpoint {stack.model}")
+    if engine is not None:
+        return f"the local stack ({cfg.local.backend}) behind sglang-router {cfg.policy.router_url}"
+    return f"policy.router_url {cfg.policy.router_url} (policy.engine={cfg.policy.engine})"
+
+
 def format_report(report: ExactnessReport, threshold: float) -> str:
+    """The report's lines for the config's sample mode (episodes, samples, masked tokens, the
+    largest log-prob difference, differing ids, the re-tokenizing baseline)."""
     eps = report.episodes
     turns = [e.turns for e in eps]
     base_eps = sum(1 for e in eps if e.baseline_differing_tokens)
@@ -366,7 +403,39 @@ def format_report(report: ExactnessReport, threshold: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def format_modes_and_update(info: dict, update_path: str | None) -> str:
+    """The lines for every sample mode's findings and for the mid-run update (when asked for)."""
+    modes = "; ".join(f"{m}: {sum(e.samples for e in r.episodes)} samples, max |d| {r.max_abs_logprob_diff:.1e}, {r.id_mismatches} ids differ"
+                      for m, (r, _) in info["modes"].items())
+    lines = [f"every sample mode                    {modes}"]
+    up: UpdateReport | None = info.get("update")
+    if up is not None:
+        what = (f"version {up.version} loaded on {len(up.workers)} worker(s) in {up.seconds:.2f}s with {up.calls_interrupted} call(s) "
+                f"under way ({up.calls_before} answered before)" if up.crossed else "NOT crossed: every episode ended first")
+        lines.append(f"weight update mid-run                {what}; turns continued {info['continued_turns']}; masked tokens per "
+                     f"version {dict(sorted(info['tokens_per_version'].items()))}")
+    return "\n".join(lines)
+
+
+def passed_all(report: ExactnessReport, info: dict, args: argparse.Namespace) -> bool:
+    """Every sample mode's report passes, and, when an update was asked for, it was crossed and
+    tokens of both versions were checked."""
+    ok = all(r.passed(args.threshold, args.min_turns, args.episodes) for r, _ in info["modes"].values())
+    if str(info.get("history")) == "append":  # an appended history is one append-only sequence per episode
+        ok = ok and info["append_only"] == len(report.episodes)
+    up: UpdateReport | None = info.get("update")
+    if args.update_weights or args.update_to:
+        ok = ok and up is not None and up.crossed and up.version in info["tokens_per_version"] and len(info["tokens_per_version"]) >= 2
+    return ok and report.passed(args.threshold, args.min_turns, args.episodes)
+
+
+# The second chat format the check runs on local.backend=vllm unless --formats is given: a second
+# vocabulary, since what the engine does with the vocabulary (its tokenizer, detokenized stop strings,
+# end-of-turn ids) differs by family.
+VLLM_SECOND_FORMAT = "qwen3.6"
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rollout.check", description="Exactness checks of rollout data.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exactness", help="recompute log-probs of real episodes and compare")
@@ -374,14 +443,46 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--episodes", type=int, default=16)
     ex.add_argument("--min-turns", type=int, default=10, help="fail if an episode has fewer turns")
     ex.add_argument("--threshold", type=float, default=1e-3, help="largest allowed |log-prob difference|")
-    ex.add_argument("--model", default=None, help="transformers model with the policy's weights (not needed with local.backend=tiny)")
+    ex.add_argument("--model", default=None, help="transformers model with the policy's weights (not needed with local.backend=tiny or vllm)")
+    ex.add_argument("--update-weights", action=argparse.BooleanOptionalAction, default=None,
+                    help="cross a weight update mid-run to a second checkpoint (same shape, seed + 1) the check writes; "
+                         "default: on with local.backend=vllm, off otherwise")
+    ex.add_argument("--update-to", default=None, help="the second checkpoint's folder for the mid-run update (with --model)")
+    ex.add_argument("--formats", default=None,
+                    help="comma-separated chat formats to check one after the other, each with its built-in vocabulary (policy.tokenizer); "
+                         f"default: the config's, and {VLLM_SECOND_FORMAT} too with local.backend=vllm")
     ex.add_argument("overrides", nargs="*")
-    from rollout.app.cli import parse_args_with_overrides
+    return parser
 
-    args = parse_args_with_overrides(parser, argv)
 
-    if args.config is None and Path("configs/local.yaml").is_file():
-        args.config = "configs/local.yaml"
+def _runs(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """``(label, overrides)`` of each run: one per chat format of ``--formats`` (its vocabulary as
+    ``policy.tokenizer``), by default the config's (and :data:`VLLM_SECOND_FORMAT` on vLLM).
+
+    Raises:
+        ConfigError, FileNotFoundError: a bad config or format name.
+    """
+    from rollout.core.formats.registry import format_info
+
+    probe = load_config(args.config, args.overrides)
+    names = args.formats.split(",") if args.formats else [None]
+    if not args.formats and probe.local.enabled and probe.local.backend == "vllm" and probe.policy.chat_format != VLLM_SECOND_FORMAT:
+        names.append(VLLM_SECOND_FORMAT)
+    runs = []
+    for name in names:
+        if name is None:
+            runs.append((f"{probe.policy.chat_format} ({probe.policy.tokenizer})", []))
+            continue
+        vocab = format_info(name.strip()).vocabulary
+        vocab = None if vocab is None else vocab if vocab.startswith("builtin:") else f"builtin:{vocab}"
+        extra = [f"policy.chat_format={name.strip()}"] + ([f"policy.tokenizer={vocab}"] if vocab else [])
+        out = f"rollout.output_dir={Path(probe.rollout.output_dir) / ('check_' + name.strip())}"
+        runs.append((f"{name.strip()} ({vocab or probe.policy.tokenizer})", extra + ([out] if len(names) > 1 else [])))
+    return runs
+
+
+def _run_one(args: argparse.Namespace, label: str, extra: list[str]) -> int:
+    """One check for one chat format: 0 passed, 1 failed, 2 bad config."""
     overrides = list(CHECK_DEFAULTS)
     user_keys = {o.split("=", 1)[0] for o in args.overrides}
     try:
@@ -391,30 +492,58 @@ def main(argv: list[str] | None = None) -> int:
         # random model's replies and episodes would be one turn long.
         if probe.local.enabled and probe.local.backend == "tiny" and "env.user.kind" not in user_keys:
             overrides += ["env.user.kind=llm", "env.user.model=tiny", "env.user.temperature=1.0"]
-        cfg = load_config(args.config, overrides + list(args.overrides))
+        cfg = load_config(args.config, overrides + extra + list(args.overrides))
         check_config(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from rollout.core.logs import setup_logging
-
-    setup_logging(cfg.logging)
-    print(f"exactness check: {args.episodes} episodes of {cfg.env.domain}, sample mode {cfg.rollout.sample_mode}, backend {cfg.local.backend if cfg.local.enabled else cfg.policy.router_url}, "
-          f"user {cfg.env.user.kind}, max_steps {cfg.env.max_steps}, max_new_tokens {cfg.policy.sampling.max_new_tokens}, "
-          f"temperature {cfg.policy.sampling.temperature}")
+    update = args.update_weights if args.update_weights is not None else bool(cfg.local.enabled and cfg.local.backend == "vllm")
+    args.update_weights = update
+    print(f"exactness check of chat format {label}: {args.episodes} episodes of {cfg.env.domain}, sample mode {cfg.rollout.sample_mode}, "
+          f"backend {cfg.local.backend if cfg.local.enabled else cfg.policy.router_url}, user {cfg.env.user.kind}, max_steps "
+          f"{cfg.env.max_steps}, max_new_tokens {cfg.policy.sampling.max_new_tokens}, temperature {cfg.policy.sampling.temperature}", flush=True)
     try:
-        report, _, info = check_exactness(cfg, args.episodes, args.model)
+        report, _, info = check_exactness(cfg, args.episodes, args.model, update_weights=update, update_to=args.update_to)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    print(f"engine                               {info['engine']}")
     print(format_report(report, args.threshold))
+    print(format_modes_and_update(info, args.update_to))
+    print(f"append-only trajectories             {info['append_only']}/{len(report.episodes)} episodes: one token sequence, every "
+          f"call's prompt + sampled ids a prefix of it")
     print(f"episode statuses {info['statuses']}; segments {info['segments']} (history {cfg.policy.history}), compactions "
           f"{info['compactions']} (context strategy {cfg.policy.context_strategy}); episodes took {info['episodes_s']:.1f}s, "
           f"recompute {info['recompute_s']:.1f}s")
-    ok = report.passed(args.threshold, args.min_turns, args.episodes)
-    print("PASS: the trajectories are exactly what the policy sampled" if ok else "FAIL")
+    ok = passed_all(report, info, args)
+    print("PASS: the trajectories are exactly what the policy sampled" if ok else "FAIL", flush=True)
     return 0 if ok else 1
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rollout.check exactness ...`` (see the module docstring): 0 when every run
+    passes, 1 when one fails, 2 on a bad config."""
+    from rollout.app.cli import parse_args_with_overrides
+
+    args = parse_args_with_overrides(_parser(), argv)
+    if args.config is None and Path("configs/local.yaml").is_file():
+        args.config = "configs/local.yaml"
+    try:
+        runs = _runs(args)
+    except (ConfigError, FileNotFoundError, KeyError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from rollout.core.logs import setup_logging
+
+    setup_logging(load_config(args.config, args.overrides).logging)
+    codes = [_run_one(args, label, extra) for label, extra in runs]
+    if len(runs) > 1:
+        print(("PASS" if max(codes) == 0 else "FAIL") + f": {len(runs)} chat formats checked: "
+              + ", ".join(f"{label} {'passed' if c == 0 else 'FAILED'}" for (label, _), c in zip(runs, codes)))
+    return max(codes)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from rollout.core.pipes import pipe_safe
+
+    sys.exit(pipe_safe(main))

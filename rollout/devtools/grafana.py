@@ -454,4 +454,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rollout.core.pipes import pipe_safe
+
+    sys.exit(pipe_safe(main))

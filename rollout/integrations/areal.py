@@ -38,10 +38,7 @@ can vary per trajectory depending on the workflow output", ``rollout_batch``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,20 +47,11 @@ from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 
-from rollout.core.export import get_exporter
+from rollout.core.formats import ChatFormat
 from rollout.core.policy import Generation, PolicyServerError
-from rollout.core.records import EpisodeSpec, TrainingSample
+from rollout.core.records import TrainingSample
 from rollout.core.tokenizer import load_tokenizer
-from rollout.integrations.episodes import (
-    domain_state,
-    env_config_for,
-    load_tau_config,
-    run_task_episode,
-    several_samples_reason,
-    single_token_stop_ids,
-    warn_unmatched_stops,
-)
-from rollout.integrations.seed import _chat_for
+from rollout.integrations.episodes import TaskRunner
 
 logger = logging.getLogger(__name__)
 
@@ -188,15 +176,12 @@ class Tau2Workflow(RolloutWorkflow):
                  tau_rollout_overrides: Iterable[str] = (), multiple_outputs: bool = False, template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self.gconfig = gconfig or GenerationHyperparameters()
-        self.cfg = load_tau_config(tau_rollout_config, tuple(tau_rollout_overrides or ()))
-        self.multiple_outputs = bool(multiple_outputs)
-        why = several_samples_reason(self.cfg)
-        if why and not self.multiple_outputs:
-            raise ValueError(f"Tau2Workflow: {why}, one row per sample: pass multiple_outputs=True to answer them as rows of one "
-                             "trajectory, or use rollout.sample_mode=trajectory")
-        self.template_kwargs = dict(template_kwargs or {})
-        if self.cfg.policy.enable_thinking is not None:
-            self.template_kwargs.setdefault("enable_thinking", self.cfg.policy.enable_thinking)
+        self.runner = TaskRunner("Tau2Workflow", "areal", tau_rollout_config, tau_rollout_overrides, multiple_outputs=multiple_outputs,
+                                 one_output_hint="one row per sample: pass multiple_outputs=True to answer them as rows of one trajectory, "
+                                                 "or use rollout.sample_mode=trajectory")
+        self.cfg = self.runner.cfg
+        self.multiple_outputs = self.runner.multiple_outputs
+        self.template_kwargs = self.runner.template_kwargs(template_kwargs)
         self.last_result = None
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
@@ -210,27 +195,15 @@ class Tau2Workflow(RolloutWorkflow):
             ValueError: the item names no task.
             KeyError: the task is not in the domain.
         """
-        cfg = self.cfg
-        extra = {**dict(data.get("extra_info") or {}), **{k: data[k] for k in ("task_id", "domain", "seed") if data.get(k) is not None}}
-        if extra.get("task_id") is None:
-            raise ValueError("Tau2Workflow: the data item has no task_id (nor extra_info.task_id)")
-        task_id = str(extra["task_id"])
-        env_cfg = env_config_for(cfg, extra.get("domain"))
-        st = await asyncio.to_thread(domain_state, cfg, env_cfg)
-        if task_id not in st.benchmark.tasks:
-            raise KeyError(f"Tau2Workflow: task {task_id!r} is not a task of {env_cfg.benchmark} {env_cfg.domain}")
-        chat = await asyncio.to_thread(_chat_for, self.tokenizer, st.benchmark.tool_schemas, self.template_kwargs, cfg.policy.chat_format)
-        stop_ids, unmatched = single_token_stop_ids(self.tokenizer, cfg.policy.sampling.stop)
-        warn_unmatched_stops(unmatched)
-        client = ArealPolicyClient(engine, self.gconfig, self.tokenizer, stop_token_ids=stop_ids)
-        seed = int(extra["seed"]) if extra.get("seed") is not None else secrets.randbelow(2**31 - 1)
-        spec = EpisodeSpec(episode_id=f"areal/{env_cfg.domain}/{task_id}/{uuid.uuid4().hex[:12]}", domain=env_cfg.domain, task_id=task_id,
-                           group_id=f"{env_cfg.domain}/{task_id}", sample_index=0, seed=seed)
-        res = await run_task_episode(spec, st, env_cfg, client, chat, timeout_s=cfg.pool.episode_timeout_s, who="Tau2Workflow")
-        self.last_result = res
-        if res.status.value not in set(cfg.rollout.train_statuses):
-            logger.info("episode %s (task %s): %s, not trainable (rollout.train_statuses): rejected for AReaL: %s", spec.episode_id, task_id,
-                        res.status.value, res.metadata.get("error"))
+        row = {**dict(data.get("extra_info") or {}), **{k: data[k] for k in ("task_id", "domain", "seed") if data.get(k) is not None}}
+
+        def client_for(chat: ChatFormat, stop_ids: list[int]) -> ArealPolicyClient:
+            return ArealPolicyClient(engine, self.gconfig, self.tokenizer, stop_token_ids=stop_ids)
+
+        ep = await self.runner.run(row, self.tokenizer, client_for, template_kwargs=self.template_kwargs, keep_messages=False)
+        res = self.last_result = ep.result
+        if not ep.trainable:
+            logger.info("episode %s (task %s): %s, not trainable (rollout.train_statuses): rejected for AReaL: %s", res.spec.episode_id,
+                        res.spec.task_id, res.status.value, res.metadata.get("error"))
             return None
-        samples = get_exporter(cfg.rollout.sample_mode, keep_messages=False).split(res.to_sample(messages=False))
-        return areal_tensors(samples, client.token_versions if len(samples) == 1 else None)
+        return areal_tensors(ep.samples, ep.client.token_versions if len(ep.samples) == 1 else None)

@@ -44,10 +44,8 @@ that name.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -56,12 +54,13 @@ from typing import Any
 import aiohttp
 
 from rollout.core import records
-from rollout.core.config import PolicyConfig
+from rollout.core.config import PolicyConfig, RewardShapingConfig
 from rollout.core.environment import Environment
-from rollout.core.episode import run_episode
-from rollout.core.formats import ChatFormat, TemplateError, choose_chat_format, get_chat_format
-from rollout.core.records import EpisodeSpec, EpisodeStatus
+from rollout.core.formats import ChatFormat, build_chat_format
+from rollout.core.records import EpisodeSpec
+from rollout.core.runner import run_guarded_episode
 from rollout.core.settings import EpisodeSettings
+from rollout.core.tasks import open_task_issues
 from rollout.core.tokenizer import load_tokenizer
 from rollout.integrations.seed_args import PassthroughClient, policy_config, rollout_arg, router_url
 from rollout.integrations.seed_env import TaskEnv, make_env, resolve_task_id
@@ -73,38 +72,6 @@ _PassthroughClient = PassthroughClient  # the name tests have used
 
 __all__ = ["SEED_STATUS", "SeedResult", "Status", "TaskEnv", "TrainableAgent", "make_env", "policy_config", "resolve_task_id", "router_url",
            "seed_status"]
-
-
-# -- chat templates, once per process ----------------------------------------------------------------
-_CHAT_LOCK = threading.Lock()
-_CHATS: dict[tuple, tuple[Any, ChatFormat]] = {}
-_MAX_CHATS = 16
-
-
-def _chat_for(tokenizer: Any, tools: list[dict], template_kwargs: dict[str, Any], chat_format: str = "auto") -> ChatFormat:
-    """The probed chat format (:class:`~rollout.core.formats.ChatFormat`) ``chat_format`` names
-    (``auto``: detected from the tokenizer) for a tokenizer, tools and template arguments, built
-    once per process (blocking: call it in a thread).
-
-    Raises:
-        TemplateError: no such format, ``auto`` recognises none, or the format cannot give exact
-            delta tokenization.
-    """
-    name = choose_chat_format(chat_format, tokenizer)
-    key = (id(tokenizer), name, json.dumps(tools, sort_keys=True, default=str), json.dumps(template_kwargs, sort_keys=True, default=str))
-    with _CHAT_LOCK:
-        hit = _CHATS.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    chat = get_chat_format(name)(tokenizer, tools=tools, template_kwargs=template_kwargs)
-    report = chat.probe()
-    if not report.ok:
-        raise TemplateError(f"exact delta tokenization is impossible with chat format {name} and this tokenizer:\n" + report.summary())
-    with _CHAT_LOCK:
-        if len(_CHATS) >= _MAX_CHATS:
-            _CHATS.pop(next(iter(_CHATS)))
-        _CHATS[key] = (tokenizer, chat)  # the tokenizer is kept alive, so its id stays its own
-    return chat
 
 
 def _tool_names(tools: list[dict]) -> tuple[str, ...]:
@@ -134,14 +101,18 @@ class TrainableAgent:
             was given.
         session: an aiohttp session to send ``/generate`` calls on (owned by the caller); ``None``:
             each :meth:`asolve` call opens and closes its own.
+        reward_shaping: our ``rollout.reward_shaping`` section (:mod:`rollout.core.shaping`);
+            ``None``: no shaping. The result's ``reward`` is then the shaped one and
+            ``info["raw_reward"]`` the benchmark's.
 
     Loading the tokenizer and probing its chat template happen once per process, in a thread.
     """
 
     def __init__(self, tools_info: list[dict] | None = None, wiki: str | None = None, *, rollout_args: Any = None,
                  sampling_params: dict[str, Any] | None = None, policy: PolicyConfig | None = None, tokenizer: Any = None,
-                 session: aiohttp.ClientSession | None = None):
+                 session: aiohttp.ClientSession | None = None, reward_shaping: RewardShapingConfig | None = None):
         self.tools_info = tools_info
+        self.reward_shaping = reward_shaping
         self.wiki = wiki
         self.rollout_args = rollout_args
         self.sampling_params = sampling_params
@@ -168,7 +139,7 @@ class TrainableAgent:
     def _prepare(source: Any, tools: list[dict], template_kwargs: dict[str, Any], chat_format: str = "auto") -> ChatFormat:
         """Blocking: load the tokenizer (cached by name) and the probed chat format (cached)."""
         tok = load_tokenizer(str(source)) if isinstance(source, str) else source
-        return _chat_for(tok, tools, template_kwargs, chat_format)
+        return build_chat_format(tok, tools, template_kwargs, chat_format).chat
 
     async def asolve(self, env: Environment, rollout_args: Any, sampling_params: dict[str, Any] | None,
                      task_index: int | str | None = None, max_num_steps: int = 30, *, episode_id: str | None = None,
@@ -212,7 +183,8 @@ class TrainableAgent:
         policy, passthrough, seed = policy_config(self.policy, rollout_args, sampling_params)
         chat_format = str(rollout_arg(rollout_args, "chat_format", None) or self.policy.chat_format)
         chat = await asyncio.to_thread(self._prepare, self._tokenizer_source(rollout_args), tools, self._template_kwargs(rollout_args), chat_format)
-        settings = EpisodeSettings.from_policy(policy, max_steps=max_num_steps, system_prompt=wiki, tool_names=_tool_names(tools))
+        settings = EpisodeSettings.from_policy(policy, max_steps=max_num_steps, system_prompt=wiki, tool_names=_tool_names(tools),
+                                               reward_shaping=self.reward_shaping)
         eid = episode_id or f"asolve/{domain}/{task_id}/{uuid.uuid4().hex[:12]}"
         spec = EpisodeSpec(
             episode_id=eid, domain=domain, task_id=task_id, group_id=group_id or f"{domain}/{task_id}", sample_index=int(sample_index),
@@ -247,17 +219,14 @@ class TrainableAgent:
     @staticmethod
     async def _run(spec: EpisodeSpec, env: Environment, policy: PolicyConfig, passthrough: dict[str, Any], chat: ChatFormat,
                    settings: EpisodeSettings, session: aiohttp.ClientSession, timeout_s: float | None) -> records.InteractionResult:
-        """``run_episode`` with the worker's outer guards: the whole-episode bound and a crash net."""
+        """The episode on ``env`` with the worker's guards (:func:`rollout.core.runner.run_guarded_episode`:
+        the whole-episode bound ``timeout_s``, an asolve argument, and a crash net)."""
         client = PassthroughClient(policy, session, passthrough=passthrough)
-        try:
-            coro = run_episode(spec, env, client, chat, settings)
-            return await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
-        except asyncio.TimeoutError:
-            return records.InteractionResult(spec, EpisodeStatus.TIMEOUT, 0.0, None,
-                                             metadata={"termination_reason": "episode_timeout", "error": f"episode ran over {timeout_s}s"})
-        except Exception as e:  # a bug must not take the caller down; it is a typed failure
-            logger.exception("episode %s crashed", spec.episode_id)
-            return records.InteractionResult(spec, EpisodeStatus.ENV_ERROR, 0.0, None, metadata={"termination_reason": "crash", "error": repr(e)})
+        result = await run_guarded_episode(spec, lambda: env, client, chat, settings, timeout_s=timeout_s, timeout_key=None,
+                                           task_issues=open_task_issues(getattr(env, "domain", None), spec.task_id))
+        # what graded it, when the environment's domain says (a tau2 environment's Tau2Domain does)
+        result.add_graded_by(getattr(getattr(env, "domain", None), "graded_by", None))
+        return result
 
     @staticmethod
     async def _seed_result(res: records.InteractionResult, chat: ChatFormat, tokenize_timeout_s: float) -> SeedResult:
@@ -268,7 +237,8 @@ class TrainableAgent:
         logger.debug("episode %s: %s, reward %.3f, %d response tokens (prompt decoded in %.3fs)", res.spec.episode_id,
                      res.status.value, res.reward, traj.response_length, time.monotonic() - t0)
         info = {**res.metadata, "episode_id": res.spec.episode_id, "task_id": res.spec.task_id, "domain": res.spec.domain,
-                "status": res.status.value}
+                "status": res.status.value, "raw_reward": float(res.raw_reward if res.raw_reward is not None else res.reward),
+                "task_issues": [i.to_dict() for i in res.task_issues or []]}
         return SeedResult(
             prompt=prompt,
             reward=float(res.reward),

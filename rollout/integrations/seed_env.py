@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from rollout.core.config import EnvConfig
-from rollout.core.environment import Action, Benchmark, Environment
+from rollout.core.environment import Action, Benchmark, Environment, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,10 @@ class TaskEnv:
     """One episode's environment bound to one task: the seed's environment object shape.
 
     The seed's tau-bench environment is built for one task and carries ``wiki``, ``tools_info`` and
-    ``task_index``; so does this one. ``reset`` and ``step`` are the seed's, made async and returning
-    tuples (:class:`rollout.core.environment.Environment`), delegated to the wrapped environment
+    ``task_index``; so does this one. ``reset`` and ``step`` are the seed's, made async
+    (:class:`rollout.core.environment.Environment`: ``reset`` returns ``(observation, info)``,
+    ``step`` a :class:`~rollout.core.environment.StepResult` whose ``observation``, ``reward`` and
+    ``done`` are read as the seed reads tau-bench's ``EnvResponse``), delegated to the wrapped environment
     (the benchmark's ``new_episode``: for tau2 a
     :class:`~rollout.benchmarks.tau2.episode.Tau2Environment` whose user simulator is built for the task).
 
@@ -112,8 +114,8 @@ class TaskEnv:
             raise ValueError(f"this environment is bound to task {self.task_id!r}, not {task_id!r}")
         return await self.env.reset(self.task_id)
 
-    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
-        """Apply one agent action: ``(observation, reward, done, info)`` (see the wrapped environment's ``step``)."""
+    async def step(self, action: Action) -> StepResult:
+        """Apply one agent action: the wrapped environment's :class:`~rollout.core.environment.StepResult`."""
         return await self.env.step(action)
 
 

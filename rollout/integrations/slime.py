@@ -61,15 +61,14 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
-from rollout.benchmarks.tau2.environment import Tau2Domain, ToolSandbox
 from rollout.core import records
 from rollout.core.choices import SampleMode
 from rollout.core.config import Config, load_config
 from rollout.core.export import get_exporter
 from rollout.core.records import DEFAULT_TRAIN_STATUSES, EpisodeStatus, TrainingSample
+from rollout.integrations.episodes import CONFIG_ENV, domain_state, env_config_for
 from rollout.integrations.seed import SeedResult, TrainableAgent, make_env
 
 logger = logging.getLogger(__name__)
@@ -167,6 +166,8 @@ def slime_fields(sample: Any, *, train_statuses: Iterable[str] = DEFAULT_TRAIN_S
         "sample_index": ts.sample_index,
         "generation_spans": [list(sp) for sp in ts.generation_spans],
         "call_weight_versions": list(ts.weight_versions),
+        "raw_reward": float(ts.raw_reward),  # tau2's own; "reward" is what slime trains on (rollout.reward_shaping)
+        "task_issues": [i.to_dict() for i in ts.task_issues],
     }
     return {
         "tokens": list(ts.tokens),
@@ -261,20 +262,7 @@ def to_slime(sample: Any, sample_cls: type | str | None = None, *, train_statuse
 
 
 # -- slime's custom generate function ---------------------------------------------------------------
-CONFIG_ENV = "TAU_ROLLOUT_CONFIG"
-
-
-@dataclass
-class _DomainState:
-    """What one process keeps per tau2 domain for :func:`generate`."""
-
-    domain: Tau2Domain
-    sandbox: ToolSandbox
-
-
 _STATE_LOCK = threading.Lock()
-_DOMAIN_LOCK = threading.Lock()
-_DOMAINS: dict[str, _DomainState] = {}
 _CONFIGS: dict[tuple[str | None, tuple[str, ...]], Config] = {}  # (YAML path, overrides) -> config
 
 
@@ -298,17 +286,6 @@ def _config(args: Any) -> Config:
         return _CONFIGS[(path, tuple(overrides))]
 
 
-def _domain_state(name: str, cfg: Config) -> _DomainState:
-    """The domain's data and tool sandbox, loaded once per process (blocking: 1-5 s the first time)."""
-    with _DOMAIN_LOCK:
-        st = _DOMAINS.get(name)
-        if st is None:
-            domain = Tau2Domain(name, tau2_log_level=cfg.logging.tau2_level)
-            sandbox = domain.new_sandbox(evaluator=cfg.env.evaluator == "tau2", log_level=cfg.logging.tau2_level)
-            st = _DOMAINS[name] = _DomainState(domain, sandbox)
-        return st
-
-
 def _task_of(sample: Any) -> int | str:
     """The task a slime sample asks for: ``metadata["task_id"]`` (a tau2 id), else
     ``metadata["task_index"]`` (an index into ``env.task_split``), else ``sample.prompt`` as a tau2
@@ -330,7 +307,8 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     Set ``--custom-generate-function-path rollout.integrations.slime.generate`` in place of the seed's
     ``generate_with_tau.generate``. Per process it loads our config once (see :func:`_config`:
     domain, user simulator, ``env.max_steps``, ``rollout.train_statuses``, policy timeouts), the
-    tau2 domain and its tool sandbox, and runs the episode with :meth:`TrainableAgent.asolve`
+    domain of ``env.benchmark`` (through the benchmark registry,
+    :func:`rollout.integrations.episodes.domain_state`) and its tool sandbox, and runs the episode with :meth:`TrainableAgent.asolve`
     (router from ``args.sglang_router_ip`` / ``sglang_router_port``, tokenizer from
     ``args.hf_checkpoint``, ``args.rollout_max_context_len``, ``sampling_params`` as slime sends
     them; ``max_new_tokens`` is per turn).
@@ -361,14 +339,14 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     """
     cfg = await asyncio.to_thread(_config, args)
     meta = getattr(sample, "metadata", None) or {}
-    domain_name = str(meta.get("domain") or cfg.env.domain)
-    st = await asyncio.to_thread(_domain_state, domain_name, cfg)
-    env_cfg = cfg.env if domain_name == cfg.env.domain else replace(cfg.env, domain=domain_name)
+    env_cfg = env_config_for(cfg, meta.get("domain"))
+    st = await asyncio.to_thread(domain_state, cfg, env_cfg)  # env.benchmark's domain, through the benchmark registry
     if getattr(sample, "response_length", 0):
         logger.debug("sample %s comes back with %d response tokens (partial rollout): running it from the start",
                      getattr(sample, "index", None), sample.response_length)
     seed = sampling_params.get("sampling_seed")
-    env = make_env(st.domain, _task_of(sample), env_cfg=env_cfg, seed=int(seed) if seed is not None else 0, sandbox=st.sandbox)
+    env = make_env(st.benchmark, _task_of(sample), env_cfg=env_cfg, seed=int(seed) if seed is not None else 0, executor=st.executor,
+                   sandbox=st.sandbox)
     agent = TrainableAgent(policy=cfg.policy)
     res = await agent.asolve(env, args, dict(sampling_params), None, env_cfg.max_steps,
                              episode_id=getattr(sample, "session_id", None) or None,

@@ -50,29 +50,14 @@ sample, each with the episode's reward), the shape verl's TransferQueue worker
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
 import time
-import uuid
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from rollout.core.export import get_exporter
-from rollout.core.records import EpisodeSpec
-from rollout.integrations.episodes import (
-    CONFIG_ENV,
-    domain_state,
-    env_config_for,
-    episode_metrics,
-    load_tau_config,
-    run_task_episode,
-    several_samples_reason,
-    single_token_stop_ids,
-    warn_unmatched_stops,
-)
-from rollout.integrations.seed import _chat_for
+from rollout.core.formats import ChatFormat
+from rollout.integrations.episodes import CONFIG_ENV, TaskEpisode, TaskRunner, episode_metrics, load_tau_config, several_samples_reason
 from rollout.integrations.verl_client import VerlPolicyClient
 from rollout.integrations.verl_data import AGENT_NAME
 from rollout.integrations.verl_output import num_turns, output_fields
@@ -80,6 +65,9 @@ from rollout.integrations.verl_output import num_turns, output_fields
 logger = logging.getLogger(__name__)
 
 __all__ = ["AGENT_NAME", "CONFIG_ENV", "Tau2AgentLoop", "load_tau_config", "several_samples_reason"]
+
+_ONE_OUTPUT = ("but verl's AgentLoopWorker takes one AgentLoopOutput per run: use rollout.sample_mode=trajectory, or set "
+               "multiple_outputs: true in the agent-loop entry for verl's TransferQueue worker, which takes a list")
 
 
 @register(AGENT_NAME)
@@ -104,13 +92,10 @@ class Tau2AgentLoop(AgentLoopBase):
                  multiple_outputs: bool = False, **kwargs: Any):
         kwargs.pop("name", None)  # the entry's own name, passed along by hydra
         super().__init__(*args, **kwargs)
-        self.tau_cfg = load_tau_config(tau_rollout_config, tuple(tau_rollout_overrides or ()))
-        self.multiple_outputs = bool(multiple_outputs)
-        why = several_samples_reason(self.tau_cfg)
-        if why and not self.multiple_outputs:
-            raise ValueError(f"{AGENT_NAME}: {why}, but verl's AgentLoopWorker takes one AgentLoopOutput per run: use "
-                             "rollout.sample_mode=trajectory, or set multiple_outputs: true in the agent-loop entry for verl's "
-                             "TransferQueue worker, which takes a list")
+        self.runner = TaskRunner(AGENT_NAME, "verl", tau_rollout_config, tau_rollout_overrides, multiple_outputs=multiple_outputs,
+                                 one_output_hint=_ONE_OUTPUT)
+        self.tau_cfg = self.runner.cfg
+        self.multiple_outputs = self.runner.multiple_outputs
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -128,50 +113,34 @@ class Tau2AgentLoop(AgentLoopBase):
             ValueError: the row names no task (``extra_info["task_id"]``).
             KeyError: the task is not in the domain.
         """
-        cfg = self.tau_cfg
-        extra = dict(kwargs.get("extra_info") or {})
-        if extra.get("task_id") is None:
-            raise ValueError(f"{AGENT_NAME}: the dataset row has no extra_info.task_id (rollout.integrations.verl_data writes one)")
-        task_id = str(extra["task_id"])
-        env_cfg = env_config_for(cfg, extra.get("domain"))
-        st = await asyncio.to_thread(domain_state, cfg, env_cfg)
-        if task_id not in st.benchmark.tasks:
-            raise KeyError(f"{AGENT_NAME}: task {task_id!r} is not a task of {env_cfg.benchmark} {env_cfg.domain}")
-        chat = await asyncio.to_thread(_chat_for, self.tokenizer, st.benchmark.tool_schemas, self._template_kwargs(), cfg.policy.chat_format)
-        stop_ids, unmatched = single_token_stop_ids(self.tokenizer, cfg.policy.sampling.stop)
-        warn_unmatched_stops(unmatched)
         eos = getattr(self.tokenizer, "eos_token_id", None)
-        client = VerlPolicyClient(self.server_manager, sampling_params, stop_token_ids=stop_ids,
-                                  end_ids=list(chat.eot_ids) + ([eos] if eos is not None else []), backend=str(self.rollout_config.name))
-        seed = int(extra["seed"]) if extra.get("seed") is not None else secrets.randbelow(2**31 - 1)
-        spec = EpisodeSpec(episode_id=f"verl/{env_cfg.domain}/{task_id}/{uuid.uuid4().hex[:12]}", domain=env_cfg.domain, task_id=task_id,
-                           group_id=str(kwargs.get("uid") or f"{env_cfg.domain}/{task_id}"), sample_index=0, seed=seed)
+
+        def client_for(chat: ChatFormat, stop_ids: list[int]) -> VerlPolicyClient:
+            return VerlPolicyClient(self.server_manager, sampling_params, stop_token_ids=stop_ids,
+                                    end_ids=list(chat.eot_ids) + ([eos] if eos is not None else []), backend=str(self.rollout_config.name))
+
         t0 = time.monotonic()
+        extra = dict(kwargs.get("extra_info") or {})
         limits = (None, None) if self.multiple_outputs else (self.prompt_length, self.response_length)
-        res = await run_task_episode(spec, st, env_cfg, client, chat, timeout_s=cfg.pool.episode_timeout_s, prompt_limit=limits[0],
-                                     response_limit=limits[1], who=AGENT_NAME)
-        trainable = res.status.value in set(cfg.rollout.train_statuses)
-        samples = get_exporter(cfg.rollout.sample_mode, keep_messages=cfg.rollout.keep_messages).split(
-            res.to_sample(messages=cfg.rollout.keep_messages))
-        t = episode_metrics(res)
-        metrics = {"generate_sequences": t["generate_s"], "tool_calls": t["env_s"], "compute_score": t["reward_s"], "num_preempted": client.preempted}
-        fallback = [int(eos if eos is not None else 0)]
-        outputs = [AgentLoopOutput(**self._fit(output_fields(s, trainable=trainable, turns=num_turns(res.messages), metrics=metrics,
-                                                             versions=client.versions, fallback_prompt=fallback)))
-                   for s in samples]
-        logger.debug("episode %s: %s, reward %.3f, %d sample(s), %.2fs", spec.episode_id, res.status.value, res.reward, len(outputs),
-                     time.monotonic() - t0)
+        ep = await self.runner.run(extra, self.tokenizer, client_for, template_kwargs=self.apply_chat_template_kwargs,
+                                   group_id=str(kwargs.get("uid") or "") or None, prompt_limit=limits[0], response_limit=limits[1])
+        outputs = self._outputs(ep, fallback=[int(eos if eos is not None else 0)])
+        logger.debug("episode %s: %s, reward %.3f, %d sample(s), %.2fs", ep.result.spec.episode_id, ep.result.status.value, ep.result.reward,
+                     len(outputs), time.monotonic() - t0)
         if self.multiple_outputs:
             return outputs
         if len(outputs) != 1:  # several_samples_reason refused every config that can do this
-            raise RuntimeError(f"{AGENT_NAME}: episode {spec.episode_id} gave {len(outputs)} samples in one-output mode")
+            raise RuntimeError(f"{AGENT_NAME}: episode {ep.result.spec.episode_id} gave {len(outputs)} samples in one-output mode")
         return outputs[0]
 
-    def _template_kwargs(self) -> dict[str, Any]:
-        kw = dict(self.apply_chat_template_kwargs or {})
-        if self.tau_cfg.policy.enable_thinking is not None:
-            kw.setdefault("enable_thinking", self.tau_cfg.policy.enable_thinking)
-        return kw
+    def _outputs(self, ep: TaskEpisode, fallback: list[int]) -> list[AgentLoopOutput]:
+        """verl's outputs for the episode's samples (:func:`rollout.integrations.verl_output.output_fields`)."""
+        t = episode_metrics(ep.result)
+        metrics = {"generate_sequences": t["generate_s"], "tool_calls": t["env_s"], "compute_score": t["reward_s"],
+                   "num_preempted": ep.client.preempted}
+        return [AgentLoopOutput(**self._fit(output_fields(s, trainable=ep.trainable, turns=num_turns(ep.result.messages), metrics=metrics,
+                                                          versions=ep.client.versions, fallback_prompt=fallback)))
+                for s in ep.samples]
 
     def _fit(self, fields: dict[str, Any]) -> dict[str, Any]:
         """In one-output mode, a prompt longer than verl's ``prompt_length`` (the episode ended

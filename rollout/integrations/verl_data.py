@@ -10,21 +10,42 @@ over-long prompts (the loop renders the real one: the domain's policy, its tools
 simulated user's opening).
 
 Write one with ``python -m rollout.integrations.verl_data --domain retail --split train --out
-~/data/tau2/retail_train.parquet`` (needs ``pandas`` and ``pyarrow``, which verl installs).
+~/data/tau2/retail_train.parquet`` (needs ``pandas`` and ``pyarrow``, which verl installs: without
+them it says so in one line, exit 2, before it loads anything).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AGENT_NAME", "task_rows", "write_dataset", "main"]
+__all__ = ["AGENT_NAME", "INSTALL_HINT", "require_parquet", "task_rows", "write_dataset", "main"]
 
 AGENT_NAME = "tau2_agent"
+# What brings pandas and pyarrow: the verl extra (verl 0.9.1 requires both)
+INSTALL_HINT = "pip install 'tau-rollout[verl]'"
+
+
+def require_parquet() -> None:
+    """pandas and pyarrow (the Parquet engine verl reads with) can be imported here.
+
+    Raises:
+        ImportError: one line naming what is missing and :data:`INSTALL_HINT`.
+    """
+    missing = []
+    for module in ("pandas", "pyarrow"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ImportError(f"writing verl's dataset (Parquet) needs pandas and pyarrow, and {' and '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not installed here: {INSTALL_HINT}")
 
 
 def task_rows(domain: str, task_ids: list[str], *, agent_name: str = AGENT_NAME, seeds: list[int] | None = None) -> list[dict[str, Any]]:
@@ -66,12 +87,12 @@ def write_dataset(path: str | Path, domain: str, task_ids: list[str], **kwargs: 
     """Write :func:`task_rows` to the Parquet file ``path`` (folders created) and return it.
 
     Raises:
-        ImportError: pandas or pyarrow is missing (``pip install tau-rollout[verl]`` brings them).
+        ImportError: pandas or pyarrow is missing (:func:`require_parquet`: one line, ``pip install
+            'tau-rollout[verl]'`` brings them).
     """
-    try:
-        import pandas as pd
-    except ImportError as e:
-        raise ImportError("writing verl's dataset needs pandas and pyarrow: pip install 'tau-rollout[verl]'") from e
+    require_parquet()
+    import pandas as pd
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(task_rows(domain, task_ids, **kwargs)).to_parquet(out)
@@ -79,26 +100,43 @@ def write_dataset(path: str | Path, domain: str, task_ids: list[str], **kwargs: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rollout.integrations.verl_data``: write the tasks of one split (or given ids)."""
+    """``python -m rollout.integrations.verl_data``: write the tasks of one split (or given ids).
+    Exit status 0, or 2 with one line on stderr: pandas or pyarrow missing (:func:`require_parquet`,
+    checked first), or a domain, split or task id the benchmark lacks."""
     ap = argparse.ArgumentParser(prog="python -m rollout.integrations.verl_data", description=__doc__.splitlines()[0])
     ap.add_argument("--domain", default="retail")
     ap.add_argument("--split", default="train", help="tau2's split of the domain (base, train, test, ...)")
     ap.add_argument("--task-ids", nargs="*", default=None, help="these task ids instead of the split")
     ap.add_argument("--benchmark", default="tau2", help="env.benchmark (tau2, tau_bench)")
+    ap.add_argument("--open-issues", default="skip", choices=("skip", "run"),
+                    help="env.open_issues: leave out (skip, the default) or keep (run) tasks with an open issue in the benchmark")
     ap.add_argument("--out", required=True, help="the Parquet file to write")
     args = ap.parse_args(argv)
-    from rollout.core.config import EnvConfig
+    from rollout.core.config import ConfigError, EnvConfig
     from rollout.core.environment import load_benchmark
+    from rollout.core.tasks import select_tasks
 
+    try:
+        require_parquet()
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     bench = load_benchmark(EnvConfig(benchmark=args.benchmark, domain=args.domain))
     try:
-        ids = bench.task_ids(args.split, args.task_ids)
+        selection = select_tasks(bench, args.split, args.task_ids, args.open_issues)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         bench.close()
+    ids = selection.task_ids
     out = write_dataset(args.out, args.domain, ids)
-    print(f"{len(ids)} {args.domain} tasks ({args.split if args.task_ids is None else 'given ids'}) -> {out}")
+    left_out = f"; {len(selection.skipped)} with an open issue left out: {', '.join(selection.skipped)}" if selection.skipped else ""
+    print(f"{len(ids)} {args.domain} tasks ({args.split if args.task_ids is None else 'given ids'}) -> {out}{left_out}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from rollout.core.pipes import pipe_safe
+
+    raise SystemExit(pipe_safe(main))

@@ -94,7 +94,9 @@ def output_fields(sample: TrainingSample, *, trainable: bool, turns: int, metric
         "max_global_steps": None if versions is None else versions[1],
         "turn_scores": [],
         "tool_rewards": [],
-        "reward_extra_info": {"tau2_reward": float(sample.reward), "tau2_trainable": 1.0 if trainable else 0.0},
+        "tau2_task_issues": [i.to_dict() for i in sample.task_issues],
+        # tau2's own reward (raw_reward); reward_score is what verl trains on (shaped with rollout.reward_shaping)
+        "reward_extra_info": {"tau2_reward": float(sample.raw_reward), "tau2_trainable": 1.0 if trainable else 0.0},
     }
     return {
         "prompt_ids": prompt,

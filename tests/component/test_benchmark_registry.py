@@ -14,7 +14,7 @@ import pytest
 from support.scripted_policy import ScriptedPolicyServer
 
 from rollout.core.config import TaskSelectionError, load_config
-from rollout.core.environment import Action, EnvironmentStepError, benchmarks, register_benchmark, unregister_benchmark
+from rollout.core.environment import Action, EnvironmentStepError, StepResult, benchmarks, register_benchmark, unregister_benchmark
 from rollout.core.records import EpisodeSpec, EpisodeStatus
 from rollout.core.worker import RolloutWorker
 from rollout.integrations.seed import Status, TrainableAgent, make_env
@@ -55,17 +55,17 @@ class ToyEnvironment:
             raise EnvironmentStepError(f"no toy task {task_id!r}")
         return self.user.opening(), {"task_id": task_id, "domain": self.bench.name}
 
-    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
+    async def step(self, action: Action) -> StepResult:
         if action.is_respond:
             said = self.task["colour"] in action.content.lower()
             reward = 1.0 if said and self.task["item"] in self.looked_up else 0.0
-            info = {"role": "user", "termination": "user_stop", "reward_info": {"said_colour": said, "looked_up": self.looked_up}}
-            return self.user.reply(action.content), reward, True, info
+            return StepResult(self.user.reply(action.content), role="user", done=True, reward=reward, termination="user_stop",
+                              reward_info={"said_colour": said, "looked_up": self.looked_up})
         item = str(action.arguments.get("item"))
         if action.name != "lookup_colour" or item not in COLOURS:
-            return f"Error: no item {item!r}", 0.0, False, {"role": "tool", "tool_error": True}
+            return StepResult(f"Error: no item {item!r}", role="tool", tool_error=True)
         self.looked_up.append(item)
-        return json.dumps({"item": item, "colour": COLOURS[item]}), 0.0, False, {"role": "tool", "tool_error": False}
+        return StepResult(json.dumps({"item": item, "colour": COLOURS[item]}), role="tool")
 
 
 class ToyBenchmark:

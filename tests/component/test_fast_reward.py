@@ -127,9 +127,9 @@ async def _episode(domain, task_id, evaluator, **cfg):
     for a in task.evaluation_criteria.actions:
         await env.step(Action(a.name, dict(a.arguments)))
     text = "\n".join(task.evaluation_criteria.communicate_info or ["Done."])
-    _, reward, done, info = await env.step(Action(RESPOND, content=text))
-    assert done
-    return env, reward, info["reward_info"]
+    res = await env.step(Action(RESPOND, content=text))
+    assert res.done
+    return env, res.reward, res.reward_info
 
 
 @pytest.mark.parametrize("name,task_id", [("retail", "16"), ("airline", "12")])
@@ -169,8 +169,8 @@ async def test_a_database_tool_does_not_wait_behind_the_actors_other_work(retail
         task = retail.tasks["0"]
         env = Tau2Environment(retail, ScriptedUser(task), EnvConfig(domain="retail", step_timeout_s=0.5), executor=busy)
         await env.reset("0")
-        obs, _, done, info = await env.step(Action("get_user_details", {"user_id": "yusuf_rossi_9620"}))
-        assert not done and not info["tool_error"] and "yusuf_rossi_9620" in obs
+        res = await env.step(Action("get_user_details", {"user_id": "yusuf_rossi_9620"}))
+        assert not res.done and not res.tool_error and "yusuf_rossi_9620" in res.observation
     finally:
         release.set()
         busy.shutdown()

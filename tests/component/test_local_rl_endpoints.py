@@ -279,8 +279,10 @@ async def test_update_while_not_paused_waits_for_in_flight_requests(tok):
 
 
 async def test_update_while_paused_in_place_is_immediate_and_relabels_paused_requests(tok):
-    backend = ScriptedBackend(delay=0.01)
-    n = 60  # 2 x 60 steps of 0.01 s: neither request can finish before the pause lands
+    backend = ScriptedBackend(delay=0.005)
+    # 2 x 1000 steps of at least 5 ms: neither request can finish before the pause lands (60 steps of
+    # 10 ms did, once, in CI: at that load the test's loop sent the pause 3 s after the first steps)
+    n = 1000
     async with serve(backend, tok, weight_version="0") as (url, s):
         tasks = [asyncio.create_task(post(s, url, "/generate", gen_body(i, n))) for i in (1, 2)]
         await wait_until(lambda: backend.steps(1) >= 1 and backend.steps(2) >= 1)
@@ -291,7 +293,7 @@ async def test_update_while_paused_in_place_is_immediate_and_relabels_paused_req
         assert up == {"success": True, "message": up["message"], "num_paused_requests": 3}
         assert not any(t.done() for t in tasks) and not held.done()
         await post(s, url, "/continue_generation", {})
-        outs = await asyncio.wait_for(asyncio.gather(*tasks, held), 30)
+        outs = await asyncio.wait_for(asyncio.gather(*tasks, held), 180)
         # Their last steps ran after the update: they report the new version.
         assert [o["meta_info"]["weight_version"] for o in outs] == ["7", "7", "7"]
         assert [len(o["output_ids"]) for o in outs] == [n, n, 2]

@@ -234,7 +234,7 @@ def test_tune_actor_process_freezes_what_is_loaded_and_a_plain_worker_leaves_the
     """tune_actor_process changes process-wide state, so it runs in a child here (as in an actor)."""
     code = (
         "import gc, json, sys\n"
-        "from rollout.core.worker import tune_actor_process\n"
+        "from rollout.core.loop_health import tune_actor_process\n"
         "kept = [[i] for i in range(100_000)]  # lists are always tracked by the collector\n"
         "r = tune_actor_process(0.002)\n"
         "print(json.dumps({**r, 'count': gc.get_freeze_count(), 'tracked': len(gc.get_objects()),\n"

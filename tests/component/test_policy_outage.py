@@ -1,4 +1,4 @@
-"""The policy client under backend failures (``rollout.core.policy.sglang``): the circuit breaker for outages,
+"""The policy client under backend failures (``rollout.core.policy.client``): the circuit breaker for outages,
 bounded retries for isolated failures, a fresh rid per attempt with the previous one aborted, and
 malformed answers.
 
@@ -104,7 +104,7 @@ def _client(url: str, session: aiohttp.ClientSession, *overrides: str, breaker: 
 
 
 def _policy_records(caplog, level: int) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "rollout.core.policy.sglang" and r.levelno == level]
+    return [r for r in caplog.records if r.name == "rollout.core.policy.client" and r.levelno == level]
 
 
 # --------------------------------------------------------------------------- outages
@@ -113,7 +113,7 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
     """16 calls start while the backend is down for everyone; it comes back after ~3 s; all 16
     succeed with max_request_retries=1, none spent a retry, one outage is reported and logged
     once, and while it lasted one probe at a time went out."""
-    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.sglang")
+    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.client")
     backend = await FakeBackend().start()
     try:
         async with aiohttp.ClientSession() as session:
@@ -234,7 +234,7 @@ async def test_an_armed_breaker_waits_for_an_outage_from_the_first_call():
 async def test_an_isolated_failure_spends_its_retries_while_others_succeed(caplog):
     """One episode's calls answer 503 while 15 others keep succeeding: it fails after
     1 + max_request_retries attempts, and the breaker never opens."""
-    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.sglang")
+    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.client")
     backend = await FakeBackend().start()
     backend.rule = lambda key, rid: 503 if key == "bad" else ("delay", 0.02)
     try:
@@ -381,7 +381,7 @@ async def test_killing_and_restarting_the_real_router_mid_run_loses_no_call(toke
     from rollout.core.config import LocalConfig
     from rollout.devtools.local.stack import LocalStack
 
-    caplog.set_level(logging.INFO, logger="rollout.core.policy.sglang")
+    caplog.set_level(logging.INFO, logger="rollout.core.policy.client")
     prompt = tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -434,4 +434,4 @@ async def test_killing_and_restarting_the_real_router_mid_run_loses_no_call(toke
           f"aborted attempts {client.aborted_attempts}, breaker {client.breaker.stats()}")
     assert client.breaker.outages == 1 and not client.breaker.is_open
     assert client.retries <= 16  # at most the one failure at the kill per call, judged before the outage opened
-    assert len([r for r in caplog.records if r.name == "rollout.core.policy.sglang" and "unreachable" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if r.name == "rollout.core.policy.client" and "unreachable" in r.getMessage()]) == 1

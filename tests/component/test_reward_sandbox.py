@@ -57,11 +57,11 @@ async def _gold_episode(domain, sandbox, task_id, skip_first_write=False):
         if skip_first_write and not skipped and domain.tool_types[a.name] == "write":
             skipped = True
             continue
-        _, _, done, info = await env.step(Action(a.name, dict(a.arguments)))
-        assert not done, info
-    _, reward, done, info = await env.step(Action(RESPOND, content=_final_text(domain.tasks[task_id])))
-    assert done and info["termination"] == "user_stop"
-    return env, reward, info["reward_info"]
+        res = await env.step(Action(a.name, dict(a.arguments)))
+        assert not res.done, res
+    res = await env.step(Action(RESPOND, content=_final_text(domain.tasks[task_id])))
+    assert res.done and res.termination == "user_stop"
+    return env, res.reward, res.reward_info
 
 
 def _old_way(domain, env, termination="user_stop"):
@@ -240,6 +240,6 @@ async def test_failed_trajectories_get_the_same_reward_and_breakdown(retail, ret
     await env.reset("12")
     for a in airline.tasks["12"].evaluation_criteria.actions:
         await env.step(Action(a.name, dict(a.arguments)))
-    _, reward, done, info = await env.step(Action(RESPOND, content="###STOP###"))
-    assert done and info["termination"] == "agent_stop"
-    assert (reward, info["reward_info"]) == _old_way(airline, env, "agent_stop")
+    res = await env.step(Action(RESPOND, content="###STOP###"))
+    assert res.done and res.termination == "agent_stop"
+    assert (res.reward, res.reward_info) == _old_way(airline, env, "agent_stop")

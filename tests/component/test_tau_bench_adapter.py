@@ -118,13 +118,13 @@ async def test_gold_trajectories_earn_tau_bench_rewards_and_wrong_ones_do_not(st
     obs, info = await env.reset("test-0")
     assert obs == "Hi! " + dom.tasks["test-0"].instruction and info["split"] == "test" and info["task_index"] == 0
     for a in _gold_steps(dom, "test-0"):
-        out, r, done, step_info = await env.step(a)
-        assert not done and r == 0.0 and step_info["role"] == "tool" and not step_info["tool_error"]
-    reply, r, done, step_info = await env.step(Action("respond", content="Is there anything else?"))
-    assert not done and step_info["role"] == "user" and "Yes, please go ahead." in reply
-    reply, r, done, step_info = await env.step(Action("respond", content="Your order is cancelled."))
-    assert (reply, r, done, step_info["termination"]) == (STOP, 1.0, True, "user_stop")
-    assert step_info["reward_info"]["db_match"] is True and step_info["reward_info"]["gold_actions"] == 3
+        res = await env.step(a)
+        assert not res.done and res.reward == 0.0 and res.role == "tool" and not res.tool_error
+    res = await env.step(Action("respond", content="Is there anything else?"))
+    assert not res.done and res.role == "user" and "Yes, please go ahead." in res.observation
+    res = await env.step(Action("respond", content="Your order is cancelled."))
+    assert (res.observation, res.reward, res.done, res.termination) == (STOP, 1.0, True, "user_stop")
+    assert res.reward_info["db_match"] is True and res.reward_info["gold_actions"] == 3
     assert set(env.timings) == {"env_s", "tool_s", "user_s", "reward_s"} and env.timings["reward_s"] > 0
 
     # outputs check: the answer must be said; the same trajectory without it earns 0
@@ -133,33 +133,33 @@ async def test_gold_trajectories_earn_tau_bench_rewards_and_wrong_ones_do_not(st
         await env.reset("test-1")
         for a in _gold_steps(dom, "test-1"):
             await env.step(a)
-        _, r, done, step_info = await env.step(Action("respond", content=said))
-        assert done and r == expected and step_info["reward_info"]["outputs"] == {"54.0": bool(expected)}
+        res = await env.step(Action("respond", content=said))
+        assert res.done and res.reward == expected and res.reward_info["outputs"] == {"54.0": bool(expected)}
 
     # a missing write: the data hash differs
     env = dom.new_episode(cfg.env)
     await env.reset("test-0")
     await env.step(Action("get_order", {"order_id": "#1001"}))
-    _, r, done, step_info = await env.step(Action("respond", content="Done."))
-    assert done and r == 0.0 and step_info["reward_info"]["db_match"] is False
+    res = await env.step(Action("respond", content="Done."))
+    assert res.done and res.reward == 0.0 and res.reward_info["db_match"] is False
 
     # a terminate tool ends the episode (transfer), rewarded by tau-bench
     env = dom.new_episode(cfg.env)
     await env.reset("dev-0")
-    obs, r, done, step_info = await env.step(_gold_steps(dom, "dev-0")[0])
-    assert (obs, r, done, step_info["termination"], step_info["role"]) == ("Transfer successful", 1.0, True, "transfer", "tool")
+    res = await env.step(_gold_steps(dom, "dev-0")[0])
+    assert (res.observation, res.reward, res.done, res.termination, res.role) == ("Transfer successful", 1.0, True, "transfer", "tool")
 
 
 async def test_a_tool_that_raises_is_an_observation_not_an_error(standin):
     cfg = _cfg()
     env = standin.make_domain(cfg.env).new_episode(cfg.env)
     await env.reset("test-0")
-    obs, r, done, info = await env.step(Action("get_order", {"order_id": "#9999"}))  # the tool raises KeyError
-    assert obs == "Error: '#9999'" and info["tool_error"] is True and not done
-    obs, _, done, info = await env.step(Action("get_order", {"order_id": "#1001", "verbose": True}))  # a bad argument
-    assert obs.startswith("Error:") and "verbose" in obs and info["tool_error"] is True and not done
-    obs, _, _, info = await env.step(Action("get_order", {"order_id": "#1001"}))  # the episode goes on
-    assert json.loads(obs)["status"] == "pending" and info["tool_error"] is False
+    res = await env.step(Action("get_order", {"order_id": "#9999"}))  # the tool raises KeyError
+    assert res.observation == "Error: '#9999'" and res.tool_error is True and not res.done
+    res = await env.step(Action("get_order", {"order_id": "#1001", "verbose": True}))  # a bad argument
+    assert res.observation.startswith("Error:") and "verbose" in res.observation and res.tool_error is True and not res.done
+    res = await env.step(Action("get_order", {"order_id": "#1001"}))  # the episode goes on
+    assert json.loads(res.observation)["status"] == "pending" and res.tool_error is False
 
 
 def _settings(dom) -> EpisodeSettings:
@@ -317,7 +317,7 @@ async def test_runaway_calculator_is_killed_in_the_sandbox_and_the_loop_keeps_ru
         sandbox.start()  # start-up (a spawn and an import) is not part of any call
         env = dom.new_episode(cfg.env, sandbox=sandbox)
         await env.reset("test-1")
-        assert (await env.step(Action("calculate", {"expression": "(40 + 20) * 0.9"})))[0] == "54.0"
+        assert (await env.step(Action("calculate", {"expression": "(40 + 20) * 0.9"}))).observation == "54.0"
         pid = sandbox.pid
         ticks = 0
 

@@ -26,7 +26,7 @@ from aiohttp import web
 from rollout.benchmarks.tau2.environment import Tau2Domain, Tau2Environment
 from rollout.benchmarks.tau2.user import LLMUser, ScriptedUser, case_reference, gold_segments
 from rollout.core.config import EnvConfig, UserConfig, load_config
-from rollout.core.environment import RESPOND, Action, EnvironmentStepError
+from rollout.core.environment import RESPOND, Action, EnvironmentStepError, StepResult
 
 DONE = "Your request has been completed."
 
@@ -71,27 +71,27 @@ async def _gold_episode(telecom, sandbox, task_id: str, **cfg):
     """The gold trajectory of ``task_id`` through our environment: the agent's gold actions as
     tool calls, and before each run of the user's gold actions a hand-over message, which the
     scripted user answers by replaying that run through its tools; then the closing message
-    (the user stops), unless the agent transferred. Returns ``(env, reward, info, observations)``."""
+    (the user stops), unless the agent transferred. Returns ``(env, the last StepResult, observations)``."""
     task = telecom.tasks[task_id]
     env = Tau2Environment(telecom, ScriptedUser(task), EnvConfig(domain="telecom", **cfg), sandbox=sandbox)
     opening, _ = await env.reset(task_id)
     observations = [opening]
     for who, acts in gold_segments(task):
         if who == "user":
-            obs, _, done, info = await env.step(Action(RESPOND, content="Please do this on your phone: " + ", ".join(n for n, _ in acts)))
-            assert not done and info["role"] == "user", obs
-            observations.append(obs)
+            res = await env.step(Action(RESPOND, content="Please do this on your phone: " + ", ".join(n for n, _ in acts)))
+            assert not res.done and res.role == "user", res.observation
+            observations.append(res.observation)
             continue
         for name, args in acts:
-            obs, reward, done, info = await env.step(Action(name, dict(args)))
-            assert not info["tool_error"], (name, obs)
-            observations.append(obs)
-            if done:
-                assert name == "transfer_to_human_agents" and info["termination"] == "transfer"
-                return env, reward, info, observations
-    obs, reward, done, info = await env.step(Action(RESPOND, content=DONE))
-    assert done and info["termination"] == "user_stop"
-    return env, reward, info, observations
+            res = await env.step(Action(name, dict(args)))
+            assert not res.tool_error, (name, res.observation)
+            observations.append(res.observation)
+            if res.done:
+                assert name == "transfer_to_human_agents" and res.termination == "transfer"
+                return env, res, observations
+    res = await env.step(Action(RESPOND, content=DONE))
+    assert res.done and res.termination == "user_stop"
+    return env, res, observations
 
 
 def _tau2_reward(env: Tau2Environment):
@@ -105,10 +105,10 @@ def _tau2_reward(env: Tau2Environment):
     return evaluate_simulation(sim, env.task, EvaluationType.ALL, solo_mode=False, domain="telecom")
 
 
-def _check_against_tau2(env, reward: float, info: dict) -> None:
+def _check_against_tau2(env, res: StepResult) -> None:
     ri = _tau2_reward(env)
-    got = info["reward_info"]
-    assert reward == ri.reward == 1.0, (env.task.id, got, ri)
+    got = res.reward_info
+    assert res.reward == ri.reward == 1.0, (env.task.id, got, ri)
     assert got["reward_breakdown"] == {k.value: float(v) for k, v in ri.reward_breakdown.items()}
     assert got["action_match"] == ([c.action_match for c in ri.action_checks] if ri.action_checks else None)
     assert got["db_match"] == (ri.db_check.db_match if ri.db_check is not None else None)
@@ -126,8 +126,8 @@ async def test_gold_rewards_equal_tau2_on_a_spread_of_telecom_tasks(telecom, tel
     assert len(ids) == 6
     assert not telecom.fast.enabled
     for tid in ids:
-        env, reward, info, _ = await _gold_episode(telecom, telecom_sandbox, tid)
-        _check_against_tau2(env, reward, info)
+        env, res, _ = await _gold_episode(telecom, telecom_sandbox, tid)
+        _check_against_tau2(env, res)
 
 
 @pytest.mark.extended  # every base task (45-70 s here, with the sandbox start); CI runs test_gold_rewards_equal_tau2_on_a_spread_of_telecom_tasks
@@ -135,8 +135,8 @@ async def test_gold_rewards_equal_tau2_on_every_telecom_base_task(telecom, telec
     ids = telecom.task_ids("base")
     assert len(ids) == 114
     for tid in ids:
-        env, reward, info, _ = await _gold_episode(telecom, telecom_sandbox, tid)
-        _check_against_tau2(env, reward, info)
+        env, res, _ = await _gold_episode(telecom, telecom_sandbox, tid)
+        _check_against_tau2(env, res)
 
 
 async def test_a_wrong_user_side_earns_what_tau2_gives(telecom, telecom_sandbox):
@@ -146,11 +146,11 @@ async def test_a_wrong_user_side_earns_what_tau2_gives(telecom, telecom_sandbox)
     task = telecom.tasks[tid]
     env = Tau2Environment(telecom, ScriptedUser(task), EnvConfig(domain="telecom"), sandbox=telecom_sandbox)
     await env.reset(tid)
-    _, reward, done, info = await env.step(Action(RESPOND, content=DONE + " ###STOP###"))
-    assert done and info["termination"] == "agent_stop"
+    res = await env.step(Action(RESPOND, content=DONE + " ###STOP###"))
+    assert res.done and res.termination == "agent_stop"
     ri = _tau2_reward(env)
-    assert reward == ri.reward == 0.0
-    assert info["reward_info"]["reward_breakdown"] == {k.value: float(v) for k, v in ri.reward_breakdown.items()}
+    assert res.reward == ri.reward == 0.0
+    assert res.reward_info["reward_breakdown"] == {k.value: float(v) for k, v in ri.reward_breakdown.items()}
 
 
 def test_telecom_splits_are_tau2s(telecom):
@@ -186,8 +186,8 @@ async def test_user_tool_calls_run_in_the_users_environment_off_the_loop(telecom
     user_db_before = env._env.get_user_db_hash()
     agent_db_before = env._env.get_db_hash()
     n_messages = len(env.messages)
-    obs, reward, done, info = await env.step(Action(RESPOND, content="Please check your phone."))
-    assert not done and info["role"] == "user" and reward == 0.0
+    res = await env.step(Action(RESPOND, content="Please check your phone."))
+    assert not res.done and res.role == "user" and res.reward == 0.0
     assert len(threads) == len(block) and all(t.startswith("telecom-db-tools") for t in threads), threads
     assert threading.current_thread().name not in threads
     assert env._env.get_user_db_hash() != user_db_before  # the user's phone changed
@@ -199,7 +199,7 @@ async def test_user_tool_calls_run_in_the_users_environment_off_the_loop(telecom
     assert [(c.name, c.requestor) for c in calls] == [(n, "user") for n, _ in block]
     assert all(m.requestor == "user" and not m.error for m in new[2:-1:2])
     # the agent sees the user's text only, never the calls
-    assert obs == new[-1].content and not new[-1].tool_calls
+    assert res.observation == new[-1].content and not new[-1].tool_calls
     assert env.user_tool_calls == len(block) and env.timings["user_tool_s"] > 0
     assert not any(env._env.tools.has_tool(n) for n, _ in block)  # user tools are not the agent's
 
@@ -286,8 +286,8 @@ async def test_the_llm_user_gets_the_users_tools(telecom):
         user = LLMUser(telecom.tasks[tid], cfg)
         env = Tau2Environment(telecom, user, EnvConfig(domain="telecom", user=cfg))
         opening, _ = await env.reset(tid)  # the user checks its phone before it speaks
-        obs, _, done, _ = await env.step(Action(RESPOND, content="What does your status bar show?"))
-    assert opening.startswith("My status bar says: ") and obs.startswith("My status bar says: ") and not done
+        res = await env.step(Action(RESPOND, content="What does your status bar show?"))
+    assert opening.startswith("My status bar says: ") and res.observation.startswith("My status bar says: ") and not res.done
     first = llm.requests[0]
     assert [t["function"]["name"] for t in first["tools"]] == [s["function"]["name"] for s in telecom.user_tool_schemas]
     assert get_global_user_sim_guidelines(use_tools=True) in first["messages"][0]["content"]

@@ -1,7 +1,8 @@
 """Every config key that names a file, a folder, a URL or a module: a bad value is one line naming
 the key and what to do, exit 2, before anything is started (no local stack, no Ray), through the
 CLI (``rollout.app.cli.main``, in this process) and, where the trainer API starts things itself,
-through ``open_pool`` and ``RolloutPool.start``.
+through ``open_pool`` and ``RolloutPool.start``. So is a task the domain lacks and a chat format
+that does not fit the tokenizer (``run``, ``eval`` and ``open_pool``).
 
 The hub-id case needs no network: this machine has none, and the check probes the hub's host
 with a short timeout instead of letting transformers retry for ~100 s.
@@ -18,7 +19,7 @@ import pytest
 
 from rollout.app import cli
 from rollout.app.preflight import PreflightError
-from rollout.core.config import load_config
+from rollout.core.config import ConfigError, TaskSelectionError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "local.yaml")
@@ -30,10 +31,10 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed when the block ends: nothing listens there
 
 
-def _run(tmp_path: Path, capsys, *overrides: str) -> tuple[int, str, Path]:
+def _run(tmp_path: Path, capsys, *overrides: str, command: str = "run") -> tuple[int, str, Path]:
     out = tmp_path / "out"
     t0 = time.monotonic()
-    rc = cli.main(["run", "--config", CONFIG, "--no-progress", "env.task_ids=[0]", f"rollout.output_dir={out}", *overrides])
+    rc = cli.main([command, "--config", CONFIG, "--no-progress", "env.task_ids=[0]", f"rollout.output_dir={out}", *overrides])
     took = time.monotonic() - t0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and " INFO " not in line and " WARNING " not in line]
@@ -136,6 +137,46 @@ def test_a_module_the_config_needs_is_missing(tmp_path, capsys, started, monkeyp
     rc, line, out = _run(tmp_path, capsys, "local.backend=tiny")
     assert rc == 2 and line.startswith("error: local.backend=tiny needs torch") and "tau-rollout[tiny]" in line, line
     _nothing_started(out, started)
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+@pytest.mark.parametrize("override, expect", [
+    ("env.task_ids=[0,99999]", "config error: env.task_ids: 99999 is not a task of tau2 domain retail, whose 114 task ids are 0 to 113"),
+    ("env.task_split=nope", "config error: env.task_split: domain retail has no split 'nope' (has ['base', 'test', 'train'])"),
+], ids=["task_ids", "task_split"])
+def test_tasks_the_domain_lacks(tmp_path, capsys, started, command, override, expect):
+    """Refused at the checks before anything starts (it was once the local stack and Ray had
+    started, 18.8 s in: issue 28), naming the key and the valid ids."""
+    rc, line, out = _run(tmp_path, capsys, override, command=command)
+    assert rc == 2 and line == expect, line
+    _nothing_started(out, started)
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_a_chat_format_that_does_not_fit_the_tokenizer(tmp_path, capsys, started, command):
+    """``policy.chat_format=mistral`` with the default tokenizer (builtin:qwen3): one config line
+    naming both keys, before anything starts (it was a local server's traceback, exit 1: issue 28)."""
+    rc, line, out = _run(tmp_path, capsys, "policy.chat_format=mistral", command=command)
+    assert rc == 2 and line.startswith("config error: policy.chat_format=mistral does not fit policy.tokenizer=builtin:qwen3: "), line
+    assert "builtin:mistral" in line, line  # what to pass instead
+    _nothing_started(out, started)
+
+
+@pytest.mark.parametrize("override, error, match", [
+    ("env.task_ids=[0,99999]", TaskSelectionError, r"^env.task_ids: 99999 is not a task of tau2 domain retail, whose 114 task ids are 0 to 113$"),
+    ("policy.chat_format=mistral", ConfigError, r"^policy.chat_format=mistral does not fit policy.tokenizer=builtin:qwen3: "),
+], ids=["task_ids", "chat_format"])
+def test_tasks_and_chat_format_through_the_trainer_api(tmp_path, started, override, error, match):
+    """``open_pool`` (the trainer's way to a running pool) raises the same one-line error before
+    anything starts. A pool a trainer started itself refuses unknown task ids at ``submit``:
+    tests/ray/test_pool.py."""
+    from rollout import open_pool
+
+    cfg = load_config(CONFIG, [override, f"rollout.output_dir={tmp_path / 'out'}"])
+    with pytest.raises(error, match=match):
+        with open_pool(cfg):
+            pytest.fail("open_pool yielded a pool")
+    _nothing_started(tmp_path / "out", started)
 
 
 def test_config_file_that_does_not_exist(tmp_path, capsys):

@@ -112,6 +112,8 @@ def test_exactness_check_passes_on_tiny_model_episodes(tmp_path, mode, history):
     assert "token ids differing from sampled     0" in out
     segments = int(re.search(r"segments (\d+) \(history (\w+)\)", out).group(1))
     assert (segments == 2) if history == "append" else (segments > 2), out
+    append_only = int(re.search(r"append-only trajectories +(\d+)/2 episodes", out).group(1))
+    assert append_only == (2 if history == "append" else 0), out
     samples = int(re.search(r"samples checked +(\d+)", out).group(1))
     # one per episode; one per turn; turns merged while the rendering extends the sample
     assert {"trajectory": samples == 2, "per_turn": samples == 24, "merge_prefix": 2 < samples < 24}[mode], out

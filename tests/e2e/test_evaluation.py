@@ -188,8 +188,8 @@ def test_cli_eval_exits_3_on_infrastructure_failures(monkeypatch, capsys):
     import rollout.app.evaluation as evaluation
     from rollout.app.cli import main
 
-    def fake_run_eval(cfg, progress=True):
-        assert progress is False and cfg.rollout.n_samples_per_task == 2
+    def fake_run_eval(cfg, progress=True, overwrite=False):
+        assert progress is False and overwrite is False and cfg.rollout.n_samples_per_task == 2
         outcomes = [("retail", "0", "completed", 1.0), ("retail", "0", "policy_error", 0.0), ("retail", "1", "completed", 0.0)]
         return {"n_samples_per_task": 2, **summarize(outcomes, max_k=2)}
 
@@ -198,7 +198,7 @@ def test_cli_eval_exits_3_on_infrastructure_failures(monkeypatch, capsys):
     assert main(["eval", "--config", "configs/local.yaml", "--no-progress", "rollout.n_samples_per_task=2"]) == 3
     out = capsys.readouterr().out
     assert "policy_error: 1" in out and "eval.json" in out
-    monkeypatch.setattr(evaluation, "run_eval", lambda cfg, progress=True: {"n_samples_per_task": 1, **summarize([("retail", "0", "cancelled", 0.0)], max_k=1)})
+    monkeypatch.setattr(evaluation, "run_eval", lambda cfg, progress=True, overwrite=False: {"n_samples_per_task": 1, **summarize([("retail", "0", "cancelled", 0.0)], max_k=1)})
     assert main(["eval", "--no-progress"]) == 0  # cancelled is not an infrastructure failure
 
 
@@ -240,6 +240,19 @@ def test_cli_eval_gold_replay_passes_every_k(tmp_path):
     assert d["pass_hat_k"] == {"1": 1.0, "2": 1.0} and d["pass_at_k"] == {"1": 1.0, "2": 1.0}
     assert d["tasks_counted"] == {"1": 3, "2": 3} and d["mean_reward"] == 1.0
     assert {t: (p["trials"], p["successes"]) for t, p in d["per_task"].items()} == {"0": (2, 2), "1": (2, 2), "2": (2, 2)}
+    # the folder is a run folder (the viewer opens it: tests/e2e/test_viewer.py): every episode journaled with
+    # its conversation and tokens, the valid trials in samples.jsonl, a summary; a second eval does not replace it
+    journal = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(journal) == len(samples) == 6 and (out / "failed.jsonl").read_text() == ""
+    assert all(x["messages"] and x["tokens"] and sum(x["loss_mask"]) > 0 for x in journal)
+    assert sorted(x["episode_id"] for x in journal) == sorted(x["episode_id"] for x in samples)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["command"], summary["status"], summary["episodes"]) == ("eval", "finished", 6)
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    again = _run_eval(out, "gold_replay", [0])
+    assert again.returncode == 2 and "holds a run" in again.stderr and "--overwrite" in again.stderr, again.stderr[-2000:]
+    assert json.loads((out / "eval.json").read_text())["n_samples_per_task"] == 2 and len((out / "episodes.jsonl").read_text().splitlines()) == 6
 
 
 @pytest.mark.slow

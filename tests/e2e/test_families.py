@@ -43,6 +43,26 @@ def _main_job(tmp_path: Path, vocabulary: str, chat_format: str, *extra: str) ->
     return json.loads((out / "summary.json").read_text()), proc.stdout + proc.stderr
 
 
+def _check_call_ids(run: Path, chat_format: str, vocabulary: str) -> list[dict]:
+    """The kept samples' call ids: each tool result carries the id of the call it answers. Mistral
+    (v3): the ids the model wrote (the oracle writes one per call, as a v3 model does), 9 letters or
+    digits, distinct, each in the sampled call and in its result's tokens; the other families: the
+    loop's ``call_N`` (their models write no ids)."""
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    for s in samples:
+        calls = [c["id"] for m in s["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        assert calls and [m["tool_call_id"] for m in s["messages"] if m["role"] == "tool"] == calls
+        if chat_format == "mistral":
+            from rollout.core.tokenizer import load_tokenizer
+
+            text = load_tokenizer(vocabulary).decode(s["tokens"])
+            assert len(set(calls)) == len(calls) and all(re.fullmatch("[A-Za-z0-9]{9}", c) for c in calls), calls
+            assert all(f'"id": "{c}"}}' in text and f'"call_id": "{c}"}}' in text for c in calls), calls
+        else:
+            assert all(re.fullmatch(r"call_\d+(-\d+)?", c) for c in calls), calls
+    return samples
+
+
 @pytest.mark.parametrize("chat_format, vocabulary, package", FAMILIES, ids=IDS)
 def test_the_main_job_earns_reward_1_on_a_retail_task_in_every_family(tmp_path, chat_format, vocabulary, package):
     if package:
@@ -50,6 +70,20 @@ def test_the_main_job_earns_reward_1_on_a_retail_task_in_every_family(tmp_path, 
     summary, _ = _main_job(tmp_path, vocabulary, chat_format, "env.task_ids=[0]", "pool.num_actors=1")
     assert summary["status_counts"] == {"completed": 2}
     assert summary["mean_reward_per_domain"] == {"retail": 1.0}
+    assert len(_check_call_ids(tmp_path / "run", chat_format, vocabulary)) == 2
+
+
+def test_mistral_rerender_keeps_the_call_ids_the_model_wrote_so_each_episode_stays_one_sequence(tmp_path):
+    """policy.history=rerender re-encodes the kept conversation every turn; with the ids the model
+    wrote kept, the re-encoding extends what was sampled, so merge_prefix keeps one sample per
+    episode (before, every call's id was rewritten and each call turn started a new segment)."""
+    pytest.importorskip("mistral_common")
+    summary, _ = _main_job(tmp_path, "builtin:mistral", "mistral", "env.domain=airline", "env.task_ids=[7]", "pool.num_actors=1",
+                           "policy.history=rerender", "rollout.sample_mode=merge_prefix")
+    assert summary["status_counts"] == {"completed": 2}
+    assert summary["mean_reward_per_domain"] == {"airline": 1.0}
+    samples = _check_call_ids(tmp_path / "run", "mistral", "builtin:mistral")
+    assert len(samples) == 2 and all(len(s["messages"]) >= 10 for s in samples)
 
 
 @pytest.mark.parametrize("chat_format, vocabulary, package", [f for f in FAMILIES if f[0] != "hermes"], ids=IDS[1:])

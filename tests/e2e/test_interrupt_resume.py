@@ -29,7 +29,7 @@ def test_a_signal_reaches_the_pool_after_ray_init_replaced_the_handler():
     """SignalStop routes SIGTERM / SIGINT to pool.interrupt once attached, also when something
     (ray.init does) replaced the handler in between; a second signal is ignored; the previous
     handlers come back on exit."""
-    from rollout.app.cli import Interrupted, SignalStop
+    from rollout.app.signals import Interrupted, SignalStop
 
     class FakePool:
         def __init__(self) -> None:
@@ -246,7 +246,7 @@ def test_an_unexpected_error_is_not_reported_as_a_config_error(monkeypatch, caps
     config = str(ROOT / "configs" / "local.yaml")
     # a task the domain lacks is a config error naming its key (found once the domain loads, before anything starts)
     assert cli.main(["run", "--config", config, "--no-progress", "env.task_ids=[99999]", f"rollout.output_dir={tmp_path / 'a'}"]) == 2
-    assert "config error: env.task_ids: not tasks of domain retail: ['99999']" in capsys.readouterr().err
+    assert "config error: env.task_ids: 99999 is not a task of tau2 domain retail, whose 114 task ids are 0 to 113" in capsys.readouterr().err
     monkeypatch.setattr(cli, "run_job", boom)
     with pytest.raises(KeyError, match="episodes_submitted"):
         cli.main(["run", "--config", config, "--no-progress", f"rollout.output_dir={tmp_path / 'b'}"])

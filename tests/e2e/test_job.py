@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -65,36 +68,91 @@ def test_bad_config_exits_2_naming_the_key():
     assert "pool.num_actors" in proc.stderr
 
 
+# What stands first on the head's PATH as ``python`` in these tests: on the machine this was reported
+# from it was the system Python, without the project's dependencies (the job then failed with
+# ``ModuleNotFoundError: omegaconf``); a job that runs it fails at once, saying so.
+_WRONG_PYTHON = """#!/bin/sh
+echo "$0: the python first on PATH ran; the job must name the project's interpreter" >&2
+exit 97
+"""
+
+
+def _user_shell_env(home: Path, bin_dir: Path) -> dict[str, str]:
+    """A user's shell on the head: the project's virtual environment not activated (none of its
+    folders on ``PATH``, no ``VIRTUAL_ENV``), another ``python`` first on ``PATH`` (``bin_dir``),
+    ``HOME`` holding ``.ray/auth_token`` (which any earlier local ``ray.init()`` of Ray >= 2.5x,
+    e.g. the README's first command, leaves there) and no ``RAY_*`` variable set."""
+    venv = {str(BIN), str(BIN.resolve())}
+    path = [str(bin_dir)] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p not in venv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "VIRTUAL_ENV"}
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")  # the tokenizer caches stay where they are
+    return dict(env, PATH=os.pathsep.join(path), HOME=str(home), XDG_CACHE_HOME=cache)
+
+
 @pytest.fixture(scope="module")
-def ray_head():
-    """A throwaway Ray head on loopback (see tests/support/ray_head.py). Yields ``(dashboard address, env)``."""
-    with start_ray_head(_env()) as head:
-        yield head.dashboard_url, head.env
+def ray_head(tmp_path_factory):
+    """A throwaway Ray head on loopback started as a user starts one: by the virtual environment's
+    own ``ray`` (``.venv/bin/ray start --head``) from a shell where that environment is not
+    activated, with Ray choosing its authentication itself (token authentication: a token is in
+    ``$HOME/.ray/auth_token``). See tests/support/ray_head.py. Yields ``(dashboard address, the
+    user's shell environment)``, once the dashboard answers."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(os.urandom(16).hex())
+    (home / ".ray" / "auth_token").chmod(0o600)
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for name in ("python", "python3"):
+        (bin_dir / name).write_text(_WRONG_PYTHON)
+        (bin_dir / name).chmod(0o755)
+    env = _user_shell_env(home, bin_dir)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+    with start_ray_head(env, auth_mode=None) as head:
+        deadline = time.time() + 90
+        while True:  # the head and its dashboard take a few seconds to come up
+            try:
+                with direct.open(f"{head.dashboard_url}/api/authentication_mode", timeout=5) as r:
+                    mode = json.loads(r.read())["authentication_mode"]
+                break
+            except OSError:
+                assert time.time() < deadline, (Path(head.env["RAY_TMPDIR"]) / "head.log").read_text()[-3000:]
+                time.sleep(1)
+        assert mode == "token", mode  # what a head on a machine with ~/.ray/auth_token runs with
+        yield head.dashboard_url, env
 
 
-def _submit(ray_head, *args: str) -> subprocess.CompletedProcess:
-    """``launch/submit.sh --address HEAD ARGS`` once the dashboard's job API answers."""
-    address, env = ray_head
-    deadline = time.time() + 90
-    while True:
-        proc = subprocess.run(["bash", "launch/submit.sh", "--address", address, *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        out = proc.stdout + proc.stderr
-        if not ("Connection refused" in out or "Failed to connect" in out) or time.time() > deadline:
-            return proc
-        time.sleep(2)  # the head and its job API take a few seconds to come up
+def _shell(ray_head, command: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``command`` as a line typed in the user's shell (``/bin/sh -c``) in the project's folder."""
+    return subprocess.run(command, shell=True, cwd=ROOT, env=ray_head[1], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.ray
-@pytest.mark.extended  # CI's budget: test_grpo_loop_through_ray_job_submit goes through the same submit.sh and ray job path
-def test_ray_job_submit_to_a_local_head(ray_head, tmp_path):
+def test_ray_job_submit_as_documented_to_a_head_started_from_the_venv(ray_head, tmp_path):
+    """launch/README.md's commands as a user types them, against a head started by the venv's own
+    ``ray`` without activating the venv and using token authentication: ``launch/submit.sh``
+    needs no ``RAY_AUTH_MODE`` (it enables token authentication where Ray's ``ray start`` does)
+    and runs the job with the project's interpreter, not the ``python`` first on the head's PATH;
+    the job's status and logs read back with Ray's own ``ray job`` commands, which need
+    ``RAY_AUTH_MODE=token`` (as the README says)."""
+    address, _ = ray_head
     out = tmp_path / "job_out"
-    submit = _submit(ray_head, "--", "--config", "configs/local.yaml", "env.task_ids=[0,1]", "rollout.n_samples_per_task=1",
-                     "pool.num_actors=1", f"rollout.output_dir={out}")
-    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
-    assert "succeeded" in (submit.stdout + submit.stderr).lower()
+    submit = _shell(ray_head, f"launch/submit.sh --address {address} -- --config configs/local.yaml env.task_ids=[0,1] "
+                              f"rollout.n_samples_per_task=1 pool.num_actors=1 rollout.output_dir={out}")
+    text = submit.stdout + submit.stderr
+    assert submit.returncode == 0, text[-5000:]
+    assert "the python first on PATH ran" not in text
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status_counts"] == {"completed": 2}
+    assert summary["status_counts"] == {"completed": 2} and summary["mean_reward_per_domain"] == {"retail": 1.0}
+    job_id = re.search(r"Job '(raysubmit_\w+)' submitted successfully", text).group(1)
+
+    ray = BIN / "ray"
+    denied = _shell(ray_head, f"{ray} job status --address {address} {job_id}", timeout=120)
+    assert denied.returncode != 0 and "Authentication required" in denied.stdout + denied.stderr, denied.stdout + denied.stderr
+    status = _shell(ray_head, f"RAY_AUTH_MODE=token {ray} job status --address {address} {job_id}", timeout=120)
+    assert status.returncode == 0 and f"Job '{job_id}' succeeded" in status.stdout + status.stderr, status.stdout + status.stderr
+    logs = _shell(ray_head, f"RAY_AUTH_MODE=token {ray} job logs --address {address} {job_id}", timeout=120)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    assert re.search(r"Running entrypoint for job .*: \S*/python3? launch/job\.py --config configs/local\.yaml", logs.stdout), logs.stdout[-3000:]
+    assert re.search(r"mean reward \(retail, trainable\) +1\.0000", logs.stdout), logs.stdout[-3000:]
 
 
 @pytest.mark.ray
@@ -105,9 +163,9 @@ def test_grpo_loop_through_ray_job_submit(ray_head, tmp_path):
     the weights that sampled them."""
     pytest.importorskip("torch")
     out = tmp_path / "grpo"
-    submit = _submit(ray_head, "--entry", "launch/train_grpo_tiny.py", "--", "--config", "configs/local.yaml", "local.backend=tiny",
-                     "--steps", "2", "--groups-per-step", "1", "env.task_ids=[10,25]", "rollout.n_samples_per_task=2",
-                     "policy.sampling.max_new_tokens=64", "pool.num_actors=1", f"rollout.output_dir={out}")
+    args = ["--config", "configs/local.yaml", "local.backend=tiny", "--steps", "2", "--groups-per-step", "1", "env.task_ids=[10,25]",
+            "rollout.n_samples_per_task=2", "policy.sampling.max_new_tokens=64", "pool.num_actors=1", f"rollout.output_dir={out}"]
+    submit = _shell(ray_head, f"launch/submit.sh --address {ray_head[0]} --entry launch/train_grpo_tiny.py -- {shlex.join(args)}")
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [line["step"] for line in log] == [0, 1] and [line["weight_version"] for line in log] == [1, 2]

@@ -5,6 +5,7 @@ same turns are sampled, so the loss-masked tokens summed over all samples are eq
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import subprocess
@@ -47,6 +48,15 @@ def test_the_main_job_in_each_sample_mode(tmp_path, tasks):
         masked[mode] = sum(sum(x["loss_mask"]) for x in lines)
         assert summary["generated_tokens"] == masked[mode]
         samples[mode] = lines
+        # every line names its episode and the turns it holds at the top level (the journal's too)
+        assert all(x["episode_id"] == x["metadata"]["episode_id"] for x in lines)
+        for eid, xs in itertools.groupby(lines, key=lambda x: x["episode_id"]):
+            xs = list(xs)
+            assert [t for x in xs for t in x["turn_indices"]] == list(range(xs[0]["metadata"]["turns"])), (mode, eid)
+            assert len(xs) == (xs[0]["metadata"]["turns"] if mode == "per_turn" else 1), (mode, eid)
+        journal = _lines(out / "episodes.jsonl")
+        assert sorted((x["episode_id"], x["turn_indices"]) for x in journal) == sorted(
+            (x["metadata"]["episode_id"], list(range(x["metadata"]["turns"]))) for x in journal)
     assert masked["trajectory"] == masked["per_turn"] == masked["merge_prefix"] > 0
     turns = sum(x["metadata"]["turns"] for x in samples["trajectory"])
     assert len(samples["per_turn"]) == turns

@@ -5,7 +5,9 @@ Run A is the gold-replay main job on retail tasks 0, 1 and 2 (twice each) throug
 ``max_steps`` (reward 0), so the filters have something to tell apart. Run B (for ``--compare``
 and the log-probs on hover) is tasks 0 and 2 once each on the local stack's tiny model (real
 sampled tokens and log-probs; every episode ends ``truncated`` at the short ``max_new_tokens``,
-reward 0): task 0 changed reward, task 2 did not, task 1 is in A only.
+reward 0): task 0 changed reward, task 2 did not, task 1 is in A only. Run E is an evaluation
+(``python -m rollout eval``, retail tasks 0 and 1 twice each, gold replay) with DeepSeek-V4's
+vocabulary, whose special tokens (``<｜User｜>``: U+FF5C) no font of this machine draws.
 
 The viewer runs as its own process on 127.0.0.1 (``--port 0``), started and stopped (SIGTERM, by
 pid) by each test. The browser tests drive headless Chromium (Debian's ``chromium`` package) with
@@ -83,6 +85,20 @@ def run_c(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def run_eval(tmp_path_factory) -> Path:
+    """``python -m rollout eval`` with DeepSeek-V4's vocabulary and chat format (the run folder it writes)."""
+    pytest.importorskip("renderers")
+    out = tmp_path_factory.mktemp("viewer") / "eval"
+    proc = subprocess.run([sys.executable, "-m", "rollout", "eval", "--config", "configs/local.yaml", "--no-progress", "pool.num_actors=1",
+                           "env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "policy.tokenizer=builtin:deepseek-v4",
+                           "policy.chat_format=deepseek-v4", f"rollout.output_dir={out}"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "retail: 2 tasks, 4 trials" in proc.stdout, proc.stdout
+    return out
+
+
 @contextlib.contextmanager
 def viewer(log: Path, *args: str):
     """``python -m rollout view ARGS --port 0`` on 127.0.0.1; yields ``(url, process)``; stops the
@@ -128,7 +144,7 @@ def test_view_refuses_a_folder_that_is_not_a_run_and_a_port_in_use(tmp_path):
     assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "rollout", "view", str(tmp_path), "--port", "70000"], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "a port is 0 to 65535, got 70000" in proc.stderr, proc.stderr  # not wrapped round to 4464
+    assert proc.returncode == 2 and "must be 0 to 65535, got 70000" in proc.stderr, proc.stderr  # not wrapped round to 4464
 
 
 def test_the_api_serves_the_runs_files_and_decodes_its_tokens(run_a, tmp_path, tokenizer):
@@ -149,6 +165,42 @@ def test_the_api_serves_the_runs_files_and_decodes_its_tokens(run_a, tmp_path, t
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(url + "api/episode?id=nope")
         assert e.value.code == 404
+
+
+def test_an_evaluation_folder_lists_its_episodes_with_their_conversations_and_tokens(run_eval, tmp_path):
+    """The folder ``rollout eval`` writes is a run folder: the viewer's data layer lists its
+    episodes with their conversations and exact tokens, and the viewer's server answers for it,
+    eval.json included."""
+    from rollout.app.viewer.data import RunIndex
+    from rollout.core.tokenizer import load_tokenizer
+
+    ev = json.loads((run_eval / "eval.json").read_text())
+    assert ev["domains"]["retail"]["pass_hat_k"] == {"1": 1.0, "2": 1.0}
+    journal = _lines(run_eval / "episodes.jsonl")
+    assert len(journal) == 4 and {x["episode_id"] for x in journal} == {x["episode_id"] for x in _lines(run_eval / "samples.jsonl")}
+    index = RunIndex(run_eval)
+    index.refresh()
+    rows = index.rows()
+    assert sorted((r["task_id"], r["status"], r["reward"], r["outcome"]) for r in rows) == [(t, "completed", 1.0, "trained") for t in "0011"]
+    for x in journal:
+        ep = index.episode(x["episode_id"])
+        assert ep["messages"] == x["messages"] and ep["row"]["tokens"] == len(x["tokens"]) > 0
+        calls = [c["function"]["name"] for m in ep["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        assert calls and any(m["role"] == "tool" for m in ep["messages"]) and any(m["role"] == "user" for m in ep["messages"])
+        [(_, part)] = index.sample_parts(x["episode_id"])
+        assert (part["tokens"], part["loss_mask"], part["rollout_log_probs"]) == (x["tokens"], x["loss_mask"], x["rollout_log_probs"])
+    assert index.tokenizer_name() == "builtin:deepseek-v4" and index.eval_file() == ev
+    tok = load_tokenizer("builtin:deepseek-v4")
+    with viewer(tmp_path / "viewer.log", str(run_eval)) as (url, _):
+        assert {r["episode_id"] for r in _get(url + "api/episodes?since=0")["rows"]} == {x["episode_id"] for x in journal}
+        eid = journal[0]["episode_id"]
+        assert _get(url + "api/episode?" + urllib.parse.urlencode({"id": eid}))["messages"] == journal[0]["messages"]
+        data = _get(url + "api/tokens?" + urllib.parse.urlencode({"id": eid}))
+        [part] = data["parts"]
+        assert data["tokenizer"] == "builtin:deepseek-v4" and part["ids"] == journal[0]["tokens"]
+        assert "".join(part["text"]) == tok.decode(part["ids"]) and "<｜User｜>" in part["text"]
+        summary = _get(url + "api/summary")
+        assert summary["eval"] == ev and summary["file"]["command"] == "eval" and summary["file"]["status_counts"] == {"completed": 4}
 
 
 # -- the browser ----------------------------------------------------------------------------------
@@ -244,6 +296,7 @@ def test_the_page_filters_opens_an_episode_and_colours_its_tokens_by_loss_mask(b
         info = sample["metadata"]["reward_info"]
         actions = info["action_match"]
         assert re.search(r"reward\s+1\b", reward) and re.search(r"DB check \(db_match\)\s+✓ yes", reward), reward
+        assert re.search(r"raw reward \(tau2's, unshaped\)\s+1\b", reward), reward  # unshaped run: the same
         assert f"breakdown: DB\t{info['reward_breakdown']['DB']:g}" in reward and f"gold actions matched\t{sum(actions)} of {len(actions)}" in reward, reward
         _shot(page, tmp_path, "viewer-conversation.png")
 
@@ -307,7 +360,7 @@ def test_the_page_shows_episodes_appended_while_it_is_open(browser, run_a, tmp_p
         # an infrastructure failure arrives: the journal's line, then failed.jsonl's (a real line, its status and error changed)
         failed = json.loads(journal[0])
         failed["metadata"].update(episode_id="b0:retail/0/9", error="EnvironmentStepError: the tool raised\nTraceback (most recent call last): ...")
-        failed.update(status="env_error", reward=0.0)
+        failed.update(episode_id="b0:retail/0/9", status="env_error", reward=0.0)
         with open(live / "episodes.jsonl", "a") as f:
             f.write(json.dumps(failed) + "\n")
         with open(live / "failed.jsonl", "a") as f:
@@ -419,4 +472,50 @@ def test_an_episode_of_several_segments_shows_each_segment_as_the_trainer_gets_i
         page.goto(url + "#/episodes")
         _wait_rows(page, 1)
         assert page.inner_text('#episodes td[data-col="segments"]') == str(len(samples))
+        assert errors == []
+
+
+def _font_draws(code_point: int) -> bool:
+    """Whether an installed font has the character (fontconfig's list; Chromium on Linux draws from it)."""
+    fc = shutil.which("fc-list")
+    if fc is None:
+        pytest.skip("no fc-list: cannot tell which characters this machine's fonts draw")
+    return bool(subprocess.run([fc, f":charset={code_point:x}", "family"], capture_output=True, text=True, timeout=60).stdout.strip())
+
+
+def test_a_token_no_font_draws_is_shown_escaped_never_as_a_box(browser, run_eval, tmp_path):
+    """DeepSeek-V4's special tokens hold U+FF5C (FULLWIDTH VERTICAL LINE): where no installed font
+    has it (no CJK fonts, as on this machine), the token view shows it as \\uFF5C; characters a font
+    has (U+2581 in DejaVu, the ASCII) are shown as they are; invisible ones (U+200B) are escaped."""
+    [episode] = _lines(run_eval / "episodes.jsonl")[:1]
+    eid = episode["episode_id"]
+    bar, block = "\uff5c", "\u2581"
+    bar_drawn = _font_draws(0xFF5C)  # False here: no CJK font (fc-list lists none with U+FF5C)
+    with viewer(tmp_path / "viewer.log", str(run_eval)) as (url, _):
+        texts = _get(url + "api/tokens?" + urllib.parse.urlencode({"id": eid}))["parts"][0]["text"]
+        page, errors = _page(browser, url + V_HASH.format(id=urllib.parse.quote(eid, safe=""), tab="tokens"))
+        page.wait_for_selector("#tokens .toks .tok", state="attached")
+        shown = page.eval_on_selector_all("#tokens .toks .tok", "ts => ts.map(t => [t.textContent, t.title, t.classList.contains('esc')])")
+        assert len(shown) == len(texts)
+        special = [i for i, t in enumerate(texts) if bar in t]
+        assert special and any(block in texts[i] for i in special)  # <｜begin▁of▁sentence｜>, <｜User｜>, ...
+        for i, t in enumerate(texts):
+            text, title, escaped = shown[i]
+            want = t.replace("\n", "↵\n").replace("\t", "→\t")
+            if bar in t and not bar_drawn:
+                assert escaped and bar not in text and text == want.replace(bar, "\\uFF5C"), (i, t, text)
+                assert "shown escaped: U+FF5C" in title
+            elif all(" " <= c <= "~" or c in "\n\t" for c in t):
+                assert not escaped and text == want, (i, t, text)
+        if _font_draws(0x2581):
+            assert any(block in text for text, _, _ in shown)  # drawn as it is: not every non-ASCII character is escaped
+        # the page's own judgement, against fontconfig's, and on characters whatever the fonts
+        assert page.evaluate("V.canDraw('\\uFF5C')") == bar_drawn
+        assert page.evaluate("V.canDraw('a')") is True and page.evaluate("V.canDraw('\\u200B')") is False
+        assert page.evaluate("V.glyphPieces('a\\u200Bb')") == [["a", False], ["\\u200B", "\u200b"], ["b", False]]
+        assert page.evaluate("V.glyphPieces('\\u{10FFFD}')") == [["\\u{10FFFD}", "\U0010fffd"]]
+        assert page.evaluate("V.glyphPieces('plain ascii')") is None
+        if SHOTS:
+            page.eval_on_selector("#tokens .tok.esc", "t => t.scrollIntoView({block: 'center'})")
+            _shot(page, tmp_path, "viewer-escaped-tokens.png")
         assert errors == []

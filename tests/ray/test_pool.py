@@ -49,9 +49,30 @@ def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, re
         assert all(s.status == "completed" and s.reward == 1.0 for s in g)
     ids_seen = [s.metadata["episode_id"] for g in groups for s in g]
     assert sorted(ids_seen) == sorted(s.episode_id for s in specs)
+    # the trainer API's samples name their episode and its turns at the top level (trajectory: every turn)
+    assert all(s.episode_id == s.metadata["episode_id"] and s.turn_indices == list(range(s.metadata["turns"])) for g in groups for s in g)
+    assert all(s.to_dict()["turn_indices"] == s.turn_indices and s.metadata["turns"] > 0 for g in groups for s in g)
     batch = Batch.from_samples([s for g in groups for s in g])
     assert batch.tokens.shape[0] == 12 and float(batch.rewards.mean()) == 1.0
     assert int(batch.loss_mask.sum()) == sum(sum(s.loss_mask) for g in groups for s in g)
+
+
+def test_a_task_the_domain_lacks_is_refused_by_submit_tasks_and_nothing_is_queued(ray_cluster, retail_stack):
+    """A trainer that starts the pool itself and submits an id the domain lacks gets one line with
+    the valid ids (before: the episode ran and crashed on the actor, delivered as env_error, as a
+    spec given to submit() still is).
+    open_pool and the CLI refuse env.task_ids before anything starts: tests/e2e/test_bad_sources.py."""
+    from rollout.core.config import TaskSelectionError
+    from rollout.core.pool import RolloutPool
+
+    with RolloutPool(_cfg(retail_stack.router_url, "pool.num_actors=1")) as pool:
+        with pytest.raises(TaskSelectionError, match=r"^RolloutPool.submit_tasks: 99999 is not a task of tau2 domain retail, "
+                                                     r"whose 114 task ids are 0 to 113$"):
+            pool.submit_tasks(["0", "99999"])
+        assert pool.num_outstanding == 0 and pool.submitted_ids == frozenset()  # not even task 0's episodes
+        (spec,) = pool.submit_tasks(["3"], n_samples_per_task=1)
+        (res,) = list(pool.results())
+        assert res.spec.episode_id == spec.episode_id and res.status == EpisodeStatus.COMPLETED
 
 
 def test_pool_event_loop_asyncio_gives_the_actors_asyncio_s_own_loop(ray_cluster, retail_stack, retail):

@@ -40,15 +40,25 @@ class RayHead:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict[str, str], num_cpus: int = 2, include_dashboard: bool = True) -> Iterator[RayHead]:
-    """Start a head with ``env`` (``RAY_TMPDIR`` gets a fresh short folder; token auth is off for
-    this loopback-only cluster so the test does not depend on the machine's home folder); stop it
-    on exit. ``include_dashboard``: the dashboard (needed by ``ray job submit``; the metrics
-    export port is served by the node's agent either way)."""
+def ray_head(env: dict[str, str], num_cpus: int = 2, include_dashboard: bool = True,
+             auth_mode: str | None = "disabled") -> Iterator[RayHead]:
+    """Start a head with ``env`` (``RAY_TMPDIR`` gets a fresh short folder); stop it on exit.
+
+    Args:
+        include_dashboard: the dashboard (needed by ``ray job submit``; the metrics export port is
+            served by the node's agent either way).
+        auth_mode: ``RAY_AUTH_MODE`` for the head; ``"disabled"`` (the default: this loopback-only
+            cluster then does not depend on the machine's home folder), or ``None``: unset, so
+            that Ray decides as it does for a user's ``ray start --head`` (Ray >= 2.5x: token
+            authentication when a token is found, e.g. ``$HOME/.ray/auth_token``). The head's
+            ``env`` (``RayHead.env``) is the one its clients need, ``RAY_AUTH_MODE`` included."""
     env = dict(env)
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env["RAY_TMPDIR"] = ray_tmp
-    env["RAY_AUTH_MODE"] = "disabled"
+    if auth_mode is None:
+        env.pop("RAY_AUTH_MODE", None)
+    else:
+        env["RAY_AUTH_MODE"] = auth_mode
     gcs_port, dash, metrics = free_port(), free_port(), free_port()
     log = open(Path(ray_tmp) / "head.log", "w")  # noqa: SIM115 (closed below)
     head = subprocess.Popen(

@@ -193,3 +193,30 @@ def test_a_fault_not_injected_is_told_apart_from_a_broken_guarantee():
     table = format_table([ok, n_i, broken])
     lines = {line.split()[0]: line.split() for line in table.splitlines()[2:5]}
     assert lines["a"][1:4] == ["yes", "3/3", "kills"] and lines["b"][1:4] == ["n/i", "1/3", "kills"] and lines["c"][1] == "NO"
+
+
+RAYLET_LOG = """[2026-11-27 19:57:09,149 I 18357 18377] (raylet) threshold_memory_monitor.cc:128: Node memory usage above threshold, used: 3872460800, threshold_bytes: 3865470720, total bytes: 6442450944, threshold fraction: 0.600000
+[2026-11-27 19:57:10,278 I 18357 18357] (raylet) node_manager.cc:3199: Killing 1 worker(s), kill details: Memory on the node (IP: 192.0.2.2, ID: 2a7b) was 3.86GB used / 6.00GB limit (0.644119)
+OOM kill reason: Memory usage 3872460800B exceeded threshold of 3865470720B (60.0% of 6442450944B limit)
+Ray killed 1 worker(s) based on the killing policy
+Considered workers: [
+Selected to kill: (Actor(c954804a35ec7cf59fa88b6101000000): job ID=01000000, lease ID=0100, task name=A.__init__, required resources={CPU: 1}, pid=18524, actual memory used=0.05GB, worker ID=75f3
+]
+"""
+
+
+def test_oom_kills_reads_which_worker_rays_memory_monitor_chose_and_why(tmp_path):
+    from rollout.devtools.chaos.memory import oom_kills
+
+    (tmp_path / "raylet.2.out").write_text(RAYLET_LOG)  # the victim node's (a real log, shortened)
+    (tmp_path / "raylet.out").write_text("[2026-11-27 19:57:17,416 I 17952 17952] (raylet) agent_manager.cc:116: Killing agent x, pid 17980.\n")
+    assert oom_kills(tmp_path) == {"kills": [{"raylet_pid": 18357, "pid": 18524, "what": "Actor(c954804a35ec7cf59fa88b6101000000)",
+                                              "reason": "Memory usage 3872460800B exceeded threshold of 3865470720B (60.0% of 6442450944B limit)"}]}
+
+
+def test_the_bench_knows_every_fault_of_issue_32_each_with_a_scenario():
+    from rollout.devtools.chaos import FAULTS, SCENARIOS
+
+    assert len(FAULTS) >= 12 and list(FAULTS) == list(SCENARIOS) and len(set(FAULTS)) == len(FAULTS)
+    assert {"disk_full", "journal_torn_tail", "journal_corrupt_line", "weight_update_half_done", "straggler", "user_sim_server_death",
+            "actor_oom", "network_partition"} <= set(FAULTS)

@@ -52,10 +52,10 @@ def _get(cfg: Config, key: str):
 def test_the_schema_declares_the_closed_choices_as_enums():
     keys = {k for k, _, _ in CHOICES}
     assert keys == {
-        "env.user.kind", "env.evaluator", "policy.on_parse_error", "policy.on_length", "local.backend",
+        "env.user.kind", "env.judge.kind", "env.evaluator", "env.open_issues", "policy.on_parse_error", "policy.on_length", "local.backend",
         "logging.level", "logging.tau2_level", "rollout.partial_rollout", "rollout.on_stale", "rollout.filter_groups",
-        "rollout.on_group_failure", "rollout.sample_mode", "pool.event_loop", "local.event_loop", "policy.history",
-        "policy.routing", "local.router_policy", "pool.adaptive_concurrency.signal", "pool.adaptive_concurrency.placement",
+        "rollout.on_group_failure", "pool.event_loop", "local.event_loop", "policy.history",
+        "policy.routing", "local.router_policy", "local.vllm.router_policy", "pool.adaptive_concurrency.signal", "pool.adaptive_concurrency.placement",
     }
     assert [k for k, _, nullable in CHOICES if nullable] == ["rollout.filter_groups"]
     assert EventLoop.values() == EVENT_LOOPS  # one list of loops (rollout.core.eventloop's)
@@ -64,9 +64,11 @@ def test_the_schema_declares_the_closed_choices_as_enums():
 @pytest.mark.parametrize("key, choice, nullable", CHOICES, ids=[k for k, _, _ in CHOICES])
 def test_every_value_is_accepted_and_anything_else_is_refused_naming_the_key_and_the_values(key, choice, nullable):
     # (the llm user needs a model; policy.history=rerender a sample mode other than trajectory)
-    rule = ["env.user.model=m", "rollout.sample_mode=per_turn"] if key != "rollout.sample_mode" else ["env.user.model=m"]
+    rule = ["env.user.model=m", "rollout.sample_mode=per_turn"]  # (rollout.sample_mode is a registry: tests/unit/test_registry_keys.py)
     for value in choice.values():
-        got = _get(load_config(None, [*LOCAL, *rule, f"{key}={value}"]), key)
+        # (the local stack's engine and the client speak one protocol: local.backend=vllm with policy.engine=vllm)
+        engine = ["policy.engine=vllm"] if (key, value) == ("local.backend", "vllm") else []
+        got = _get(load_config(None, [*LOCAL, *rule, *engine, f"{key}={value}"]), key)
         assert got == value and isinstance(got, choice) and got is choice(value)
     with pytest.raises(ConfigError) as e:
         load_config(None, [*LOCAL, f"{key}=bogus"])
@@ -212,11 +214,11 @@ def test_choice_values_are_rewritten_to_member_names_which_omegaconf_2_3_require
     from rollout.core.choices import values_to_names
     from rollout.core.config import Config
 
-    node = OmegaConf.from_dotlist(["policy.on_length=keep", "rollout.sample_mode=per_turn", "env.user.kind=llm", "logging.level=debug",
+    node = OmegaConf.from_dotlist(["policy.on_length=keep", "rollout.on_stale=keep", "env.user.kind=llm", "logging.level=debug",
                                    "policy.history=bogus", "env.domain=retail", "rollout.train_statuses=[completed]"])
     assert values_to_names(node, Config) is node
     assert OmegaConf.to_container(node) == {
-        "policy": {"on_length": "KEEP", "history": "bogus"}, "rollout": {"sample_mode": "PER_TURN", "train_statuses": ["completed"]},
+        "policy": {"on_length": "KEEP", "history": "bogus"}, "rollout": {"on_stale": "KEEP", "train_statuses": ["completed"]},
         "env": {"user": {"kind": "LLM"}, "domain": "retail"}, "logging": {"level": "DEBUG"}}
     merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist(["policy.on_length=KEEP"])))
     assert merged.policy.on_length == "keep"  # the name merges under either omegaconf

@@ -1,6 +1,7 @@
 """EpisodeMetrics (rollout.core.metrics): the typed form of a record's metadata, with the same JSON;
-and run_episode's one mapping of a tokenizer timeout to a status, on a scripted policy and
-environment with the real Qwen3 chat template."""
+run_episode's one mapping of a tokenizer timeout to a status; and the typed step result
+(rollout.core.environment.StepResult) the loop reads: on a scripted policy and environment with
+the real Qwen3 chat template."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from rollout.core.environment import RESPOND
+from rollout.core.environment import RESPOND, StepResult
 from rollout.core.episode import run_episode
 from rollout.core.formats import ChatTemplate
 from rollout.core.metrics import UNSET, EpisodeMetrics
@@ -94,8 +95,8 @@ class _Env:
 
     async def step(self, action):
         if action.name == RESPOND:
-            return "Bye.", 1.0, True, {"role": "user", "termination": "user_stop", "reward_info": {"db_match": True}}
-        return '{"status": "shipped"}', 0.0, False, {"role": "tool"}
+            return StepResult("Bye.", role="user", done=True, reward=1.0, termination="user_stop", reward_info={"db_match": True})
+        return StepResult('{"status": "shipped"}', role="tool")
 
 
 class _SlowChat:
@@ -122,12 +123,12 @@ def chat(tokenizer):
     return ChatTemplate(tokenizer, TOOLS)
 
 
-def _run(chat, script, *, partial_rollout="continue", timeout_s=60.0):
+def _run(chat, script, *, partial_rollout="continue", timeout_s=60.0, env=None):
     settings = EpisodeSettings(max_steps=4, max_new_tokens=64, max_context_tokens=8192, on_parse_error="feedback",
                                system_prompt="You are an agent.", tool_names=("lookup",), partial_rollout=partial_rollout,
                                stop=("</tool_call>",), tokenize_timeout_s=timeout_s)
     policy = _Policy(getattr(chat, "_chat", chat), script)
-    return asyncio.run(run_episode(EpisodeSpec("e1", "toy", "0", "g", 0), _Env(), policy, chat, settings))
+    return asyncio.run(run_episode(EpisodeSpec("e1", "toy", "0", "g", 0), env or _Env(), policy, chat, settings))
 
 
 def test_an_episode_s_metadata_keeps_its_keys_and_reads_back(chat):
@@ -159,3 +160,41 @@ def test_a_timeout_while_checking_a_continued_turn_counts_the_interrupted_turn_o
     m = EpisodeMetrics.from_metadata(res.metadata)
     assert (m.requests, m.interruptions, m.interrupted_turns, m.continued_turns, m.turns) == (2, 1, 1, 0, 0)
     assert m.timings["generate_s"] > 0.04  # the check's wait is generation time, as before
+
+
+# -- the typed step result ---------------------------------------------------------------------------
+class _FailingTool(_Env):
+    """A tool call answers a failed tool's message (an observation, not an error)."""
+
+    async def step(self, action):
+        if action.name == RESPOND:
+            return await super().step(action)
+        return StepResult("Error: no order 7", role="tool", tool_error=True)
+
+
+class _UntypedEnv(_Env):
+    """Answers a step as environments did before StepResult: an untyped tuple."""
+
+    async def step(self, action):
+        return "Bye.", 1.0, True, {"role": "user", "termination": "user_stop"}
+
+
+def test_the_loop_reads_the_step_result_s_fields(chat):
+    res = _run(chat, [(TOOL_CALL, "stop", False), (GOODBYE + "<|im_end|>", "stop", False)], env=_FailingTool())
+    assert res.status is EpisodeStatus.COMPLETED and res.reward == 1.0 and res.metadata["termination_reason"] == "user_stop"
+    assert res.metadata["tool_errors"] == 1 and res.metadata["reward_info"] == {"db_match": True}
+    tool = next(m for m in res.messages if m["role"] == "tool")
+    assert tool == {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": "Error: no order 7", "error": True}
+    assert res.messages[-1] == {"role": "user", "content": "Bye."}
+
+
+def test_a_step_answer_that_is_not_a_step_result_ends_the_episode_env_error_naming_it(chat):
+    res = _run(chat, [(GOODBYE + "<|im_end|>", "stop", False)], env=_UntypedEnv())
+    assert res.status is EpisodeStatus.ENV_ERROR and res.metadata["termination_reason"] == "env_error"
+    assert "Environment.step must return a StepResult, got tuple" in res.metadata["error"] and res.reward == 0.0
+
+
+def test_a_step_result_s_role_is_tool_or_user():
+    assert StepResult("hi", role="user") == StepResult("hi", "user", False, 0.0, False, None, None)
+    with pytest.raises(ValueError, match="StepResult.role must be 'tool' or 'user', got 'assistant'"):
+        StepResult("hi", role="assistant")

@@ -31,6 +31,7 @@ from rollout.core.formats.mistral import (  # noqa: E402
 from rollout.core.formats.mistral_vocab import MistralVocabulary  # noqa: E402
 from rollout.core.formats.registry import detect_chat_format, format_info  # noqa: E402
 from rollout.devtools.local.dialects import get_dialect  # noqa: E402
+from rollout.devtools.local.dialects import mistral as mistral_dialect  # noqa: E402
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_order_details", "description": "Get the status and details of an order.",
@@ -119,8 +120,9 @@ def test_probe_is_ok_and_reports_what_v3_moves(fmt):
                                           "tool_after_tool_call", "tools_2_after_tool_calls_2"}
     assert all(rep.delta_independent.values())
     # v3: the tools and the system prompt move to the last [INST] (user cases); results stay put;
-    # re-encoded calls get an "id" the model did not write
-    assert rep.prefix_stable == {**{k: not k.startswith("user") for k in rep.delta_independent}, "call_ids_as_sampled": False}
+    # a call written with its id re-encodes as sampled, one written without gets an "id" inserted
+    assert rep.prefix_stable == {**{k: not k.startswith("user") for k in rep.delta_independent}, "call_ids_as_sampled": True,
+                                 "call_without_id_as_sampled": False}
 
 
 def test_call_ids_are_9_alphanumerics_and_deterministic():
@@ -149,7 +151,8 @@ def test_append_only_episode_equals_mistral_common_up_to_where_v3_moves_the_tool
     sampled = _mc_turn(vocab, tool_calls=c2)[:-1]
     assert not fmt.ends_turn(sampled)
     turn = fmt.parse_turn(fmt.decode(sampled), NAMES, sampled)
-    assert [c.name for c in turn.tool_calls] == ["cancel_pending_order", "get_order_details"] and turn.call_ids("call_2") == ["call_2", "call_2-1"]
+    # the calls were sampled with ids (as mistral-common writes them): each keeps the id it was written with
+    assert [c.name for c in turn.tool_calls] == ["cancel_pending_order", "get_order_details"] and turn.call_ids("call_2") == [c.id for c in c2]
     traj += sampled + fmt.eot_ids
     traj += fmt.delta_ids([{"role": "tool", "tool_call_id": cid, "content": r} for cid, r in zip(turn.call_ids("call_2"), (R2A, R2B))])
     # turn 3: text; then the user's turn
@@ -187,6 +190,64 @@ def test_a_call_sampled_without_id_gets_one_in_a_re_encoding_but_its_delta_does_
     delta = fmt.delta_ids([{"role": "tool", "tool_call_id": "call_1", "content": R1}])
     full = _mc_encode(vocab, [UserMessage(content=U1), AssistantMessage(tool_calls=[call]), ToolMessage(content=R1, tool_call_id=call.id)], tools=False)
     assert full[-len(delta):] == delta and vocab.decode(delta) == '[TOOL_RESULTS]{"content": ' + R1 + ', "call_id": "' + call.id + '"}[/TOOL_RESULTS]'
+
+
+@pytest.mark.parametrize("version", ["v3", "v7", "v11"])
+def test_the_ids_a_model_writes_stay_in_its_messages_deltas_and_re_encodings(fmt, version):
+    """A model of v3-v11 writes an id with each call; mistral-common echoes it in the call's result.
+    The episode's trajectory (first prompt, sampled turns, deltas of results answering the ids the
+    parser kept) is mistral-common's encoding of the conversation with those ids, built here from
+    its own message types; the kept conversation (ParsedTurn.to_message and the results) re-encodes
+    to the same ids (policy.history=rerender extends the trajectory)."""
+    f = fmt if version == "v3" else _tekken_as(version)
+    vocab = f.vocab
+    assert f.writes_call_ids and vocab.version == version
+
+    def mcall(name: str, args: dict, cid: str) -> MCall:
+        return MCall(id=cid, function=FunctionCall(name=name, arguments=json.dumps(args)))
+
+    c1 = [mcall("get_order_details", {"order_id": "#W1"}, "9851183d3")]
+    c2 = [mcall("cancel_pending_order", {"order_id": "#W1", "reason": "no longer needed"}, "eb9863dc1"),
+          mcall("get_order_details", {"order_id": "#W2"}, "Zq0V7mKa2")]
+    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": U1}]
+    traj, kept = f.prompt_ids(opening), list(opening)
+    for n, (calls, results) in enumerate([(c1, [R1]), (c2, [R2A, R2B])], start=1):
+        sampled = vocab.mistral.instruct_tokenizer.encode_assistant_message(AssistantMessage(tool_calls=calls), False)  # </s> included
+        turn = f.parse_turn(vocab.decode(sampled[:-1]), NAMES, sampled[:-1])
+        assert [c.id for c in turn.tool_calls] == turn.call_ids(f"call_{n}") == [c.id for c in calls]
+        kept.append(turn.to_message(f"call_{n}"))
+        answers = [{"role": "tool", "tool_call_id": cid, "name": c.name, "content": r} for cid, c, r in zip(turn.call_ids(f"call_{n}"), turn.tool_calls, results)]
+        kept += answers
+        traj += sampled + f.delta_ids([{"role": "tool", "tool_call_id": a["tool_call_id"], "content": a["content"]} for a in answers])
+    mc = [SystemMessage(content=SYSTEM), UserMessage(content=U1), AssistantMessage(tool_calls=c1), ToolMessage(content=R1, tool_call_id=c1[0].id),
+          AssistantMessage(tool_calls=c2), ToolMessage(content=R2A, tool_call_id=c2[0].id), ToolMessage(content=R2B, tool_call_id=c2[1].id)]
+    want = _mc_encode(vocab, mc)
+    assert traj == want  # token for token (no user turn after the first: the tools and system prompt stay put)
+    assert f.prompt_ids(kept) == want  # the kept conversation re-encodes to the trajectory
+    assert [c["id"] for m in kept if m["role"] == "assistant" for c in m["tool_calls"]] == [m["tool_call_id"] for m in kept if m["role"] == "tool"]
+    text = vocab.decode(traj)
+    assert all(text.count(c.id) == 2 for c in c1 + c2)  # each id: in its call and in its result
+    if version != "v3":
+        assert f"{c2[0].id}[TOOL_CONTENT]" in text
+
+
+def test_parse_keeps_the_id_the_model_wrote_and_refuses_one_mistral_common_would(fmt):
+    w1, w2 = '{"name": "get_order_details", "arguments": {"order_id": "#W1"}', '{"name": "get_order_details", "arguments": {"order_id": "#W2"}'
+    mixed = fmt.parse_turn(f'[TOOL_CALLS][{w1}, "id": "abcDEF123"}}, {w2}}}]', NAMES)
+    assert [c.id for c in mixed.tool_calls] == ["abcDEF123", None]
+    assert mixed.call_ids("call_4") == ["abcDEF123", "call_4-1"]  # a call without one gets the loop's id
+    assert [c["id"] for c in mixed.to_message("call_4")["tool_calls"]] == ["abcDEF123", "call_4-1"]
+    assert fmt.parse_turn(f'[TOOL_CALLS][{w1}, "id": "null"}}]', NAMES).tool_calls[0].id is None  # mistral-common's "no id"
+    for bad in ('"abc"', '"call_1"', '"abcdefghij"', '"abc-ef123"'):
+        with pytest.raises(ParseError, match="id .* must be 9 letters or digits"):
+            fmt.parse_turn(f'[TOOL_CALLS][{w1}, "id": {bad}}}]', NAMES)
+    with pytest.raises(ParseError, match="same id 'abcDEF123'"):
+        fmt.parse_turn(f'[TOOL_CALLS][{w1}, "id": "abcDEF123"}}, {w2}, "id": "abcDEF123"}}]', NAMES)
+    v11 = _tekken_as("v11")
+    out = v11.parse_turn('[TOOL_CALLS]get_order_details[CALL_ID]abcDEF123[ARGS]{"order_id": "#W1"}[TOOL_CALLS]get_order_details[ARGS]{}', NAMES)
+    assert [c.id for c in out.tool_calls] == ["abcDEF123", None]
+    with pytest.raises(ParseError, match="must be 9 letters or digits"):
+        v11.parse_turn('[TOOL_CALLS]get_order_details[CALL_ID]abc[ARGS]{"order_id": "#W1"}', NAMES)
 
 
 def test_loop_messages_encode_like_mistral_common_types(fmt, vocab):
@@ -287,6 +348,11 @@ def _bad_outputs() -> list[tuple[str, str, object]]:
         ("deep_nesting", "[TOOL_CALLS]" + "[" * 5000 + "]" * 5000, ParseError),
         ("many_call_tokens", "[TOOL_CALLS]" * 3000, ParseError),
         ("lone_special_text", "<SPECIAL_42>", ParseError),
+        ("call_ids_written", f'[TOOL_CALLS][{call[:-1]}, "id": "a1b2c3d4e"}}, {call[:-1]}, "id": "Z9y8X7w6V"}}]', 2),
+        ("call_id_too_short", f'[TOOL_CALLS][{call[:-1]}, "id": "a1b2"}}]', ParseError),
+        ("call_id_not_alphanumeric", f'[TOOL_CALLS][{call[:-1]}, "id": "a1b2c3d4_"}}]', ParseError),
+        ("call_id_a_number", f'[TOOL_CALLS][{call[:-1]}, "id": 123456789}}]', ParseError),
+        ("two_calls_one_id", f'[TOOL_CALLS][{call[:-1]}, "id": "a1b2c3d4e"}}, {call[:-1]}, "id": "a1b2c3d4e"}}]', ParseError),
     ]
 
 
@@ -316,12 +382,20 @@ def test_bad_outputs_end_in_calls_text_or_parse_error(fmt, vocab, case, output, 
     ("", [("cancel_pending_order", {"order_id": "#W1", "reason": "no longer needed"}), ("get_order_details", {"order_id": "#W2"})]),
 ])
 def test_dialect_round_trip(fmt, vocab, content, calls):
+    """The oracle writes each call with an id, as a v3 model does: mistral-common's encoding of the
+    assistant message with those ids, read back with the same content, calls and ids."""
     dialect = get_dialect("mistral")
-    text = dialect.assistant_text(content, calls)
+    text = dialect.assistant_text(content, calls, turn_key=4242)
     ids = vocab.encode(text)  # what the gold-replay oracle sends back as sampled ids
-    assert ids == fmt.generated_ids(content, calls)  # mistral-common's encoding of that assistant message
+    written = mistral_dialect.call_ids(4242, len(calls))
+    mc = [MCall(id=i, function=FunctionCall(name=n, arguments=json.dumps(a, ensure_ascii=False))) for i, (n, a) in zip(written, calls)]
+    assert ids == _mc_turn(vocab, content=content or None, tool_calls=mc or None)[:-1]  # mistral-common's encoding, </s> cut
+    assert ids == fmt.generated_ids(content, calls, written)
     for turn in (fmt.parse_turn(text, NAMES, ids), fmt.parse_turn(text, NAMES)):
-        assert turn.content == content and [(c.name, c.arguments) for c in turn.tool_calls] == calls
+        assert turn.content == content and [(c.name, c.arguments, c.id) for c in turn.tool_calls] == [(n, a, i) for i, (n, a) in zip(written, calls)]
+    if calls:
+        assert all(len(i) == 9 and i.isalnum() for i in written) and len(set(written + mistral_dialect.call_ids(4243, len(calls)))) == 2 * len(calls)
+        assert f'"id": "{written[0]}"' in text and dialect.assistant_text(content, calls, turn_key=4242) == text  # deterministic
 
 
 def test_dialect_reads_an_append_only_prompt(fmt, vocab):
@@ -344,27 +418,34 @@ def test_dialect_reads_an_append_only_prompt(fmt, vocab):
     assert open_turn[-1].role == "assistant" and not open_turn[-1].closed
 
 
-# -- a newer version: the shipped vocabulary declared v13 ------------------------------------------------
-@pytest.fixture(scope="module")
-def v13(vocab) -> MistralFormat:
-    """The shipped tekken vocabulary with mistral-common's v13 instruct tokenizer and the v13 special
-    tokens ([ARGS], [CALL_ID], [THINK], [/THINK] after the 20 of v3; a real v13 file such as
-    Magistral's numbers them its own way): the v13 layout with real regular tokens."""
+# -- newer versions: the shipped vocabulary declared v7, v11, v13 -----------------------------------------
+def _tekken_as(version: str) -> MistralFormat:
+    """The shipped tekken vocabulary with mistral-common's instruct tokenizer, validator and
+    normalizer of ``version`` and that version's special tokens after the 20 of v3 (v11: [ARGS],
+    [CALL_ID]; v13: those and [THINK], [/THINK]; a real file such as Magistral's numbers them its own
+    way): the version's layout with real regular tokens (no v7+ file ships with mistral-common but
+    SentencePiece ones, and sentencepiece is not in the families extra)."""
     from mistral_common.protocol.instruct.normalize import get_normalizer
     from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
+    from mistral_common.tokens.tokenizers import instruct
     from mistral_common.tokens.tokenizers.base import TokenizerVersion
-    from mistral_common.tokens.tokenizers.instruct import InstructTokenizerV13
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
     from mistral_common.tokens.tokenizers.tekken import SpecialTokenInfo, Tekkenizer
 
+    extra = {"v7": [], "v11": ["[ARGS]", "[CALL_ID]"], "v13": ["[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]}[version]
     data = json.loads(vocabulary_files("mistral").read_text(encoding="utf-8"))
-    names = [t["token_str"] for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS] + ["[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
-    cfg = data["config"]
+    names = [t["token_str"] for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS] + extra
+    cfg, tv = data["config"], TokenizerVersion(version)
     tek = Tekkenizer(data["vocab"], [SpecialTokenInfo(rank=i, token_str=s, is_control=True) for i, s in enumerate(names)], cfg["pattern"],
-                     cfg["default_vocab_size"], cfg["default_num_special_tokens"], TokenizerVersion.v13)
-    mt = MistralTokenizer(InstructTokenizerV13(tek), validator=get_validator(TokenizerVersion.v13, mode=ValidationMode.test),
-                          request_normalizer=get_normalizer(TokenizerVersion.v13, None))
+                     cfg["default_vocab_size"], cfg["default_num_special_tokens"], tv)
+    mt = MistralTokenizer(getattr(instruct, f"InstructTokenizerV{version[1:]}")(tek), validator=get_validator(tv, mode=ValidationMode.test),
+                          request_normalizer=get_normalizer(tv, None))
     return mistral_format(MistralVocabulary(mt), tools=TOOLS)
+
+
+@pytest.fixture(scope="module")
+def v13() -> MistralFormat:
+    return _tekken_as("v13")
 
 
 def test_v13_is_prefix_stable_and_its_episode_equals_the_re_encoding(v13):

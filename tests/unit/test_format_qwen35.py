@@ -137,8 +137,19 @@ def test_probe_accepts_the_other_configurations(tok, factory, kwargs):
 
 
 def test_template_kwargs_the_renderer_does_not_take_are_refused(tok):
-    with pytest.raises(TemplateError, match="refused"):
+    with pytest.raises(TemplateError, match=r"^chat format qwen3\.6 \(Qwen36RendererConfig\): template kwargs \['no_such_kwarg'\] refused"):
         qwen35.qwen36_format(tok, template_kwargs={"no_such_kwarg": 1})
+
+
+@pytest.mark.parametrize("kwargs, preserve", [(None, True), ({"preserve_thinking": False}, False), ({"enable_thinking": False}, True)])
+def test_renderer_config_puts_the_template_kwargs_over_the_defaults_and_drops_the_flag_at_its_default(kwargs, preserve):
+    from rollout.core.formats.renderers_adapter import renderer_config
+
+    config = renderer_config("qwen3.6", "Qwen36RendererConfig", kwargs, flag="preserve_thinking", flag_default=False,
+                             defaults={"preserve_thinking": True})
+    # preserve_thinking=False set explicitly would imply thinking_retention="tool_cycle", which renderers refuses beside "all"
+    assert (config.preserve_thinking, config.thinking_retention) == (preserve, "all")
+    assert config.enable_thinking == (kwargs or {}).get("enable_thinking")  # None: the renderer's own default
 
 
 # -- an episode built append-only ------------------------------------------------------------------
@@ -275,6 +286,27 @@ def test_random_ids_end_in_a_parse_or_a_parse_error(fmt, tok):
 
 
 # -- the local stack's dialect ----------------------------------------------------------------
+def test_the_dialects_write_with_one_format_per_process_built_on_the_builtin_vocabulary():
+    from rollout.devtools.local.dialects.builtin import builtin_format
+
+    built = []
+    threads = [threading.Thread(target=lambda: built.append(builtin_format("qwen3.6"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 4 and all(f is built[0] for f in built)  # built once, under the lock
+    assert built[0].tokenizer is qwen35.load_vocabulary() and format_info("qwen3.6").vocabulary == "qwen3.6"
+    from rollout.core.formats import register_chat_format, unregister_chat_format
+
+    register_chat_format("toy-without-vocabulary", qwen35.qwen36_format)  # a bare factory: no builtin: vocabulary
+    try:
+        with pytest.raises(ValueError, match="'toy-without-vocabulary' has no built-in vocabulary"):
+            builtin_format("toy-without-vocabulary")
+    finally:
+        unregister_chat_format("toy-without-vocabulary")
+
+
 def test_dialect_round_trip(fmt):
     from rollout.devtools.local.dialects import get_dialect
 

@@ -24,6 +24,18 @@ def test_flags_for_the_servers():
 
     ns = _parse_args(["--port", "1", *args])
     assert (ns.kv_cache_tokens, ns.kv_budget_tokens, ns.kv_prefill_s_per_token, ns.gold_think_tokens) == (1000, 500, 0.001, 7)
+    assert KVParams.from_args(ns) == KVParams(cache_tokens=1000, kv_budget_tokens=500, prefill_s_per_token=0.001)
+
+
+def test_every_parameter_has_a_server_flag_that_reads_back_what_cli_args_writes():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    KVParams.add_arguments(parser)
+    assert KVParams.from_args(parser.parse_args([])) == KVParams()
+    params = KVParams(cache_tokens=7, kv_budget_tokens=9, prefill_s_per_token=0.5, decode_s_per_token=0.25, s_per_running_request=0.125)
+    assert KVParams.from_args(parser.parse_args(params.cli_args())) == params
+    assert "--kv-s-per-running-request" in parser.format_help() and "prefix-cache capacity in tokens" in parser.format_help()
 
 
 @pytest.mark.parametrize("key", ["cache_tokens", "kv_budget_tokens", "prefill_s_per_token", "decode_s_per_token",

@@ -228,3 +228,16 @@ def test_a_pool_call_commits_the_journal_before_it_hands_out_what_it_delivered_o
             group = runner.next(lambda t: streams.ensure_item(t, False), lambda: streams.take_item(False), None)
         assert commits == [2]  # inner holds ended: nothing committed yet
     assert commits == [2, 2] and journal.committed == 4
+
+
+def test_an_actor_death_names_rays_memory_monitor_when_rays_error_does():
+    from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorError
+
+    from rollout.core.pool.scheduler import death_cause
+
+    oom = RayActorError(error_msg="The actor died unexpectedly before finishing this task. Worker exit type: NODE_OUT_OF_MEMORY "
+                                  "Worker exit detail: Task was killed due to the node running low on memory.")
+    assert death_cause(oom) == "RayActorError (killed by Ray's memory monitor: its node ran low on memory)"
+    assert "memory monitor" in death_cause(OutOfMemoryError("Task was killed due to the node running low on memory."))
+    restarted = ActorUnavailableError("The actor is temporarily unavailable: IOError: The actor was restarted", None)
+    assert death_cause(restarted) == "ActorUnavailableError"  # Ray does not say why a restarted actor died

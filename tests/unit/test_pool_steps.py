@@ -134,3 +134,36 @@ async def test_progress_in_a_slice_restarts_the_timeout():
 
     runner = StepRunner(progress=lambda: state["delivered"])
     assert await runner.next_async(ensure, lambda: "item", 0.5) == "item"
+
+
+def test_a_refused_journal_write_in_a_call_or_its_commit_becomes_the_pools_error_under_the_lock():
+    import errno
+
+    from rollout.core.jsonl import OutputWriteError
+
+    full = OutputWriteError("/out/episodes.jsonl", OSError(errno.ENOSPC, "No space left on device"))
+    held_when_converted: list[bool] = []
+    commits = {"fail": False}
+
+    def commit() -> None:
+        if commits["fail"]:
+            raise full
+
+    def stop(e: OutputWriteError) -> RunAborted:
+        held_when_converted.append(runner.lock._lock._is_owned())
+        return RunAborted(f"stopped: {e}", [])
+
+    runner = StepRunner(progress=lambda: 0, on_release=commit, on_write_error=stop)
+    with pytest.raises(RunAborted, match="stopped: cannot write /out/episodes.jsonl") as e:
+        runner.call(lambda: (_ for _ in ()).throw(full))  # the call's own write refused
+    assert e.value.__cause__ is full
+    commits["fail"] = True
+    with pytest.raises(RunAborted, match="the disk is full"):
+        runner.call(lambda: 1)  # the commit as the call ends refused
+    assert held_when_converted == [True, True]
+    commits["fail"] = False
+    assert runner.call(lambda: 7) == 7 and runner.lock._depth == 0  # the lock is free and whole again
+    with pytest.raises(RunAborted):
+        with runner.lock:
+            runner.call(lambda: (_ for _ in ()).throw(full))  # nested: passed up as it is, converted at the outermost hold
+    assert len(held_when_converted) == 3 and runner.lock._depth == 0

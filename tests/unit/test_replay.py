@@ -280,6 +280,27 @@ def test_the_sample_mode_and_the_trainer_api_streams_over_a_replay(tmp_path):
     assert result_from_sample(record.episodes[0][0]).trajectory.tokens == record.episodes[0][0].tokens
 
 
+def test_every_replayed_sample_carries_episode_id_and_turn_indices_also_from_an_older_journal(tmp_path):
+    """The journal's lines have them at the top level; a replay hands them out on every stream,
+    from a journal written before they were top-level too (read from the metadata)."""
+    out, cfg, live, live_log = _live_run(tmp_path, 3, True)  # with cancels: journaled episodes without a call
+    lines = [json.loads(x) for x in (out / EPISODES_FILE).read_text().splitlines()]
+    assert all(x["episode_id"] == x["metadata"]["episode_id"] and x["turn_indices"] == ([0] if x["generation_spans"] else []) for x in lines)
+    assert {len(x["turn_indices"]) for x in lines} == {0, 1}  # one-turn episodes and cancelled ones without a call
+    for older in (False, True):
+        if older:
+            for x in lines:
+                del x["episode_id"], x["turn_indices"]
+            (out / EPISODES_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        per_turn = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, sample_mode="per_turn"))
+        got = []
+        for item in ReplayPool.open(out, per_turn).stream(excluded=True):
+            got += [item.sample] if isinstance(item, Excluded) else item
+        assert sorted({s.episode_id for s in got}) == sorted(live.submitted_ids), older
+        assert all(s.episode_id == s.metadata["episode_id"] and s.turn_indices == ([0] if s.generation_spans else []) for s in got), older
+        assert all(s.to_dict()["episode_id"] == s.episode_id for s in got)
+
+
 def test_the_journal_records_each_deliverys_trainer_version_and_reads_it_back_out(tmp_path):
     out, cfg, live, live_log = _live_run(tmp_path, 2, False)
     lines = [json.loads(x) for x in (out / EPISODES_FILE).read_text().splitlines()]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from rollout.core.config import ConfigError, load_config
-from rollout.core.export import exporters, get_exporter
+from rollout.core.export import get_exporter, sample_modes
 from rollout.core.groups import episode_advantages
 from rollout.core.output import RunWriter, read_samples
 from rollout.core.pool.ledger import EpisodeLedger
@@ -107,7 +107,7 @@ def test_a_prompt_that_does_not_extend_the_sample_starts_a_new_one_and_is_counte
 
 def test_an_episode_without_a_sampled_turn_gives_one_sample_in_every_mode():
     res = InteractionResult(EpisodeSpec("ep", "retail", "0", "g", 0), EpisodeStatus.POLICY_ERROR, 0.0, Trajectory(prompt_ids=[1, 2]))
-    for mode in exporters():
+    for mode in sample_modes():
         (s,) = get_exporter(mode).export(res)
         assert s.tokens == [1, 2] and s.response_length == 0 and s.status == "policy_error"
 
@@ -201,3 +201,124 @@ def test_the_exactness_check_finds_a_sample_that_disagrees_with_the_wire():
     shifted = samples[2]
     shifted.tokens.insert(0, 7)  # a prompt no request sent
     assert sample_id_mismatches(shifted, calls) >= 1
+
+
+# -- episode_id and turn_indices: top-level fields of every sample, on every path ---------------------------------------
+
+def _segmented() -> InteractionResult:
+    """Two turns, then a compaction (a new segment), then a third turn."""
+    t = Trajectory(prompt_ids=[1, 2, 3])
+    t.append_generated([10, 11], [-0.1, -0.2], "0")
+    t.append_context(EOT + TOOL)
+    t.append_generated([12], [-0.3], "0")
+    t.append_context(EOT + USER)
+    t.start_segment([1, 60, 61])
+    t.append_generated([13, 14], [-0.4, -0.5], "0")
+    t.check()
+    return InteractionResult(EpisodeSpec("seg", "retail", "0", "g", 0), EpisodeStatus.COMPLETED, 1.0, t, metadata={"turns": 3})
+
+
+def _no_call() -> InteractionResult:
+    return InteractionResult(EpisodeSpec("none", "retail", "0", "g", 0), EpisodeStatus.POLICY_ERROR, 0.0, Trajectory(prompt_ids=[1, 2]))
+
+
+# episode -> mode -> the turn_indices of its samples, in order
+EXPECTED_TURNS = {
+    "ep": {"trajectory": [[0, 1, 2]], "per_turn": [[0], [1], [2]], "merge_prefix": [[0, 1, 2]]},
+    "seg": {"trajectory": [[0, 1], [2]], "per_turn": [[0], [1], [2]], "merge_prefix": [[0, 1], [2]]},
+    "none": {"trajectory": [[]], "per_turn": [[]], "merge_prefix": [[]]},
+}
+
+
+def _episodes() -> dict[str, InteractionResult]:
+    return {"ep": record()[0], "seg": _segmented(), "none": _no_call()}
+
+
+def test_every_sample_of_every_mode_carries_episode_id_and_turn_indices_at_top_level():
+    for eid, res in _episodes().items():
+        for mode in sample_modes():
+            samples = get_exporter(mode).export(res)
+            assert [s.turn_indices for s in samples] == EXPECTED_TURNS[eid][mode], (eid, mode)
+            for s in samples:
+                line = json.loads(json.dumps(s.to_dict()))
+                assert line["episode_id"] == s.episode_id == eid and line["turn_indices"] == s.turn_indices, (eid, mode)
+                # the metadata copies are where they always were: episode_id always, turn_indices in
+                # the per-turn modes and on the segments of a compacted episode (none in the trajectory sample)
+                assert line["metadata"]["episode_id"] == eid
+                has_copy = bool(s.generation_spans) and (mode != "trajectory" or len(samples) > 1)
+                assert ("turn_indices" in line["metadata"]) == has_copy, (eid, mode)
+                assert line["metadata"].get("turn_indices", s.turn_indices) == s.turn_indices
+        # the episode sample (what the pool keeps, journals and excludes) holds every turn of the episode
+        episode = res.to_sample()
+        assert episode.episode_id == eid and episode.turn_indices == [t for ts in EXPECTED_TURNS[eid]["per_turn"] for t in ts]
+        assert "turn_indices" not in episode.metadata  # the trajectory sample's metadata is what it always was
+
+
+def test_a_line_written_before_the_fields_were_top_level_reads_them_from_its_metadata():
+    from rollout.core.records import TrainingSample
+
+    for eid, res in _episodes().items():
+        for mode in sample_modes():
+            for s in get_exporter(mode).export(res):
+                old = json.loads(json.dumps(s.to_dict()))
+                del old["episode_id"], old["turn_indices"]
+                back = TrainingSample.from_dict(old)
+                assert (back.episode_id, back.turn_indices) == (s.episode_id, s.turn_indices), (eid, mode)
+                assert back.to_dict() == json.loads(json.dumps(s.to_dict()))  # a rewrite gains the fields, nothing else changes
+    s = get_exporter("per_turn").export(record()[0])[1]
+    with pytest.raises(ValueError, match="metadata names episode 'ep'"):
+        TrainingSample.from_dict({**s.to_dict(), "episode_id": "other"})
+    with pytest.raises(ValueError, match=r"turn_indices \[0\] but metadata says \[1\]"):
+        TrainingSample.from_dict({**s.to_dict(), "turn_indices": [0]})
+
+
+def test_the_files_and_the_journal_write_them_and_an_old_run_folder_resumes(tmp_path):
+    from rollout.core.groups import Excluded
+    from rollout.core.journal import EPISODES_FILE, RunJournal
+
+    cfg = load_config(None, ["policy.router_url=http://127.0.0.1:9", "rollout.sample_mode=per_turn", f"rollout.output_dir={tmp_path}"])
+    kept, failed, held = (record(EpisodeSpec(f"b0:{i}", "retail", "0", "g", i), reward=1.0)[0] for i in range(3))
+    failed.status = EpisodeStatus.ENV_ERROR
+    journal = RunJournal.open(tmp_path, cfg)
+    journal.record_specs([kept.spec, failed.spec, held.spec])
+    for r in (kept, failed, held):
+        journal.record(r.to_sample(), weight_version=0)
+    journal.close("interrupted", "test")
+    w = RunWriter(tmp_path, cfg.rollout.train_statuses)
+    w.add_group(get_exporter("per_turn").export(kept))
+    w.add_excluded(Excluded(failed.to_sample(), "env_error"))
+    w.add_excluded(Excluded(held.to_sample(), "zero_variance"))
+    w.close()
+    files = {name: [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]
+             for name in ("samples.jsonl", "failed.jsonl", "filtered.jsonl", EPISODES_FILE)}
+    assert [(x["episode_id"], x["turn_indices"]) for x in files["samples.jsonl"]] == [("b0:0", [0]), ("b0:0", [1]), ("b0:0", [2])]
+    assert [(x["episode_id"], x["turn_indices"]) for x in files["failed.jsonl"]] == [("b0:1", [0, 1, 2])]
+    assert [(x["episode_id"], x["turn_indices"]) for x in files["filtered.jsonl"]] == [("b0:2", [0, 1, 2])]
+    assert [(x["episode_id"], x["turn_indices"]) for x in files[EPISODES_FILE]] == [(f"b0:{i}", [0, 1, 2]) for i in range(3)]
+    # a folder written before the fields were top-level: --resume reads its journal and its files
+    for name, lines in files.items():
+        for x in lines:
+            del x["episode_id"], x["turn_indices"]
+        (tmp_path / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    resumed = RunJournal.open(tmp_path, cfg, resume=True)
+    assert {e: (s.episode_id, s.turn_indices) for e, s in resumed.delivered.items()} == {f"b0:{i}": (f"b0:{i}", [0, 1, 2]) for i in range(3)}
+    resumed.close("finished")
+    again = RunWriter(tmp_path, cfg.rollout.train_statuses, resume=True)
+    again.add_group(get_exporter("per_turn").export(kept))  # already in samples.jsonl: skipped, not written twice
+    summary = again.close()
+    assert again.skipped == 1 and summary["episodes"] == 3 and summary["samples"] == 5
+    assert [s.turn_indices for s in read_samples(tmp_path / "samples.jsonl")] == [[0], [1], [2]]
+
+
+def test_the_trainer_api_streams_and_batch_carry_them():
+    streams, specs = _streams("per_turn", {0: 1.0, 1: 1.0})  # equal rewards: kept (no filter configured)
+    assert streams.ensure_item(None, excluded=False)
+    group = streams.take_item(excluded=False)
+    assert [(s.episode_id, s.turn_indices) for s in group] == [(sp.episode_id, [t]) for sp in specs for t in range(3)]
+    batch = Batch.from_samples(group)
+    assert batch.turn_indices == [[0], [1], [2]] * 2 and batch.episode_ids == [sp.episode_id for sp in specs for _ in range(3)]
+    streams, specs = _streams("merge_prefix", {0: 1.0, 1: 0.0})
+    got = []
+    while streams.ensure_sample(None):
+        got.append(streams.take_sample())
+    assert [(s.episode_id, s.turn_indices) for s in got] == [(sp.episode_id, [0, 1, 2]) for sp in specs]

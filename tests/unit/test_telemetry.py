@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from rollout.core.config import load_config
-from rollout.core.environment import Action, ToolTimeoutError, UserSimulatorError
+from rollout.core.environment import Action, StepResult, ToolTimeoutError, UserSimulatorError
 from rollout.core.groups import GroupAssembler, TrainingPolicy
+from rollout.core.loop_health import LoopLagProbe
 from rollout.core.pool.ledger import EpisodeLedger
 from rollout.core.pool.scheduler import Scheduler
 from rollout.core.pool.specs import make_specs
@@ -24,7 +25,6 @@ from rollout.core.telemetry import KNOWN_TAGS, METRICS, NULL_INSTRUMENT, NULL_RE
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.probes import DeliveryMetrics, EnvironmentMetrics, MeteredEnvironment
 from rollout.core.telemetry.recorder import resolve_tags
-from rollout.core.worker import LoopLagProbe
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -174,17 +174,17 @@ class FakeEnv:
     def __init__(self):
         self.timings = {"user_s": 0.0, "tool_s": 0.0}
         self.task = "the task"
-        self.next: tuple[str, float, BaseException | None, dict] = ("user_s", 0.5, None, {})
+        self.next: tuple[str, float, BaseException | None, bool] = ("user_s", 0.5, None, False)
 
     async def reset(self, task_id):
-        return await self.step(Action("respond"))
+        return (await self.step(Action("respond"))).observation, {}
 
     async def step(self, action):
-        key, seconds, error, info = self.next
+        key, seconds, error, tool_error = self.next
         self.timings[key] += seconds
         if error is not None:
             raise error
-        return "obs", 0.0, False, {"tool_error": False, **info}
+        return StepResult("obs", role="user" if action.is_respond else "tool", tool_error=tool_error)
 
 
 def test_the_metered_environment_records_user_turns_tool_calls_and_their_failures():
@@ -195,14 +195,14 @@ def test_the_metered_environment_records_user_turns_tool_calls_and_their_failure
 
     async def go():
         await metered.reset("0")  # the opening: 0.5 s
-        env.next = ("tool_s", 0.25, None, {"tool_error": True})
+        env.next = ("tool_s", 0.25, None, True)
         await metered.step(Action("get_order_details", {"order_id": "#1"}))
-        env.next = ("reward_s", 1.0, None, {})  # the agent ends the conversation: no user turn, no tool
+        env.next = ("reward_s", 1.0, None, False)  # the agent ends the conversation: no user turn, no tool
         await metered.step(Action("respond", content="###STOP###"))
-        env.next = ("tool_s", 2.0, ToolTimeoutError("ran too long"), {})
+        env.next = ("tool_s", 2.0, ToolTimeoutError("ran too long"), False)
         with pytest.raises(ToolTimeoutError):
             await metered.step(Action("calculate", {"expression": "9**9**9"}))
-        env.next = ("user_s", 0.125, UserSimulatorError("endpoint down"), {})
+        env.next = ("user_s", 0.125, UserSimulatorError("endpoint down"), False)
         with pytest.raises(UserSimulatorError):
             await metered.step(Action("respond", content="hello"))
 

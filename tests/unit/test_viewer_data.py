@@ -160,6 +160,21 @@ def test_a_folder_with_result_files_only_gets_its_rows_from_them(tmp_path):
     assert [p[1]["tokens"] for p in parts] == [s.tokens for s in samples]
 
 
+def test_a_folder_written_before_episode_id_was_top_level_still_lists_its_episodes(tmp_path):
+    """Lines without the top-level ``episode_id`` / ``turn_indices`` (an older run's) are read by
+    their ``metadata.episode_id``, in the journal and in the result files."""
+    specs = make_specs("retail", ["3"], 2)
+    episodes = [_result(spec) for spec in specs]
+    old = [{k: v for k, v in e.to_dict().items() if k not in ("episode_id", "turn_indices")} for e in episodes]
+    assert all("episode_id" not in x and x["metadata"]["episode_id"] for x in old)
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old))
+    (tmp_path / "samples.jsonl").write_text(json.dumps(old[0]) + "\n")
+    index = RunIndex(tmp_path)
+    index.refresh()
+    assert {r["episode_id"]: r["outcome"] for r in index.rows()} == {specs[0].episode_id: "trained", specs[1].episode_id: "pending"}
+    assert index.episode(specs[1].episode_id)["messages"] == episodes[1].messages
+
+
 def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path):
     for path, why in [(tmp_path / "missing", "does not exist"), (tmp_path, "is not a run's output folder")]:
         with pytest.raises(NotARunError, match=why) as e:
@@ -220,3 +235,30 @@ def test_two_runs_compared_by_task(tmp_path):
     assert not by_task["0"]["changed"] and by_task["0"]["delta"] == 0.0
     assert by_task["2"]["only"] == "a" and by_task["3"]["only"] == "b" and by_task["2"]["b"] is None
     assert got["counts"] == {"tasks": 4, "changed": 1, "better": 1, "worse": 0, "only_a": 1, "only_b": 1}
+
+
+def test_a_shaped_episode_shows_both_rewards_and_its_tasks_open_issues(tmp_path):
+    """The row, the live summary and the episode keep the reward trained on and tau2's raw reward
+    apart (rollout.reward_shaping), and the task's open issues."""
+    from rollout.core.issues import TaskIssue
+    from rollout.core.shaping import EpisodeReward, TurnDiscount
+
+    out, journal, _ = _run(tmp_path)
+    specs = make_specs("retail", ["4", "5"], 1)
+    journal.record_specs(specs)
+    issue = TaskIssue("i4", "expects a number the user never asks for")
+    shaped = InteractionResult(specs[0], EpisodeStatus.COMPLETED, 0.81, None, metadata={"turns": 3,
+                               "reward_shaping": [{"shaper": "turn_discount", "reward": 0.81}]}, raw_reward=1.0, task_issues=[issue])
+    assert shaped.reward == pytest.approx(TurnDiscount(0.9).shape(1.0, EpisodeReward(1.0, None, 3)))
+    journal.record(shaped.to_sample())
+    journal.record(_result(specs[1]))
+    index = RunIndex(out)
+    index.refresh()
+    rows = {r["task_id"]: r for r in index.rows()}
+    assert (rows["4"]["reward"], rows["4"]["raw_reward"], rows["4"]["task_issues"]) == (0.81, 1.0, [issue.title])
+    assert (rows["5"]["reward"], rows["5"]["raw_reward"], rows["5"]["task_issues"]) == (1.0, 1.0, [])
+    live = index.live_summary()
+    assert live["mean_reward_per_domain"] == {"retail": pytest.approx(0.905)} and live["mean_raw_reward_per_domain"] == {"retail": 1.0}
+    assert live["episodes_with_task_issues"] == 1
+    ep = index.episode(specs[0].episode_id)
+    assert ep["raw_reward"] == 1.0 and ep["task_issues"] == [issue.to_dict()] and ep["metadata"]["reward_shaping"][0]["shaper"] == "turn_discount"

@@ -5,17 +5,23 @@ an output folder it cannot write, otherwise fails late (minutes of retries and a
 or, worse, trains on token ids that mean something else.
 
 :func:`check_before_start` runs what needs nothing started, before the local stack, Ray or any
-actor starts: first :func:`check_config` (what the config names on this machine: a tau2 domain,
-uvloop for the local stack; a :class:`~rollout.core.config.ConfigError`), then the key variables,
-the benchmark's and the choices' packages, ``pool.ray_address``, the tokenizer and the output
-folder. :func:`run_preflight` runs, once the endpoints are up, in order:
+actor starts: first :func:`check_config` (what the config names on this machine, through the
+benchmark's and the engine's hooks: a tau2 domain, uvloop for the local stack; a
+:class:`~rollout.core.config.ConfigError`), then the key variables, the benchmark's, the engine's
+and the choices' packages, the tasks (``env.task_split`` / ``env.task_ids``
+against the domain), ``pool.ray_address``, the tokenizer, the chat format with that tokenizer
+(config errors naming both keys) and the output folder. :func:`run_preflight` runs, once the endpoints are up, in order:
 
 1. :func:`check_router` (only when ``policy.router_url`` is set): the router answers, lists at
-   least one healthy worker, and serves a model; returns the model info.
+   least one healthy worker, and serves a model; returns the model info; then
+   :func:`check_engine_servers`, the engine's own check (``policy.engine``: for vLLM, every
+   worker serves the RL routes and reports the log-probs of what it samples).
 2. :func:`check_tokenizer`: ``policy.tokenizer`` loads, and matches the served model's tokenizer
    as far as the server reports it (vocabulary size, the chat template's special tokens, EOS).
 3. :func:`check_output_dir`: ``rollout.output_dir`` can be created and written.
 4. An optional user-simulator check (a callable taking ``cfg.env.user``, sync or async).
+5. An optional check of the rest of the ``env`` section (a callable taking ``cfg.env``, sync or
+   async: the benchmark's ``check_env`` hook; tau2's checks the NL-assertion judge).
 
 Each raises :class:`PreflightError` (a ``RuntimeError``) whose message is one line.
 
@@ -60,18 +66,22 @@ from rollout.app.preflight.machine import (
     check_modules,
     check_output_dir,
     check_ray_address,
+    check_task_selection,
 )
-from rollout.app.preflight.router import check_router
+from rollout.app.preflight.router import check_engine_servers, check_router
 from rollout.app.preflight.tokenizer import (
     cached_tokenizer_facts,
     chat_template_special_tokens,
+    check_chat_format,
     check_tokenizer,
     check_tokenizer_loads,
     tokenizer_facts,
 )
+from rollout.core.policy_engines import get_policy_engine
 
 if TYPE_CHECKING:
     from rollout.core.config import Config
+    from rollout.core.tasks import TaskSelection
 
 __all__ = [
     "RAY_ADDRESS_WAIT_S",
@@ -80,12 +90,15 @@ __all__ = [
     "chat_template_special_tokens",
     "check_before_start",
     "check_benchmark",
+    "check_chat_format",
     "check_config",
+    "check_engine_servers",
     "check_key_variables",
     "check_modules",
     "check_output_dir",
     "check_ray_address",
     "check_router",
+    "check_task_selection",
     "check_tokenizer",
     "check_tokenizer_loads",
     "run_preflight",
@@ -127,31 +140,42 @@ def _run_check(fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> Any:
     return box.get("value")
 
 
-def check_before_start(cfg: Config) -> None:
+def check_before_start(cfg: Config) -> TaskSelection:
     """Every check that needs nothing started, in order, so that a bad value fails in seconds
     with one line before the local stack, Ray or any actor starts: what the config names on this
     machine (:func:`check_config`), the key variables, the benchmark's package, optional packages
-    (:func:`check_modules`), ``pool.ray_address``, the tokenizer (:func:`check_tokenizer_loads`)
+    (:func:`check_modules`), the tasks (:func:`check_task_selection`), ``pool.ray_address``, the
+    tokenizer (:func:`check_tokenizer_loads`), the chat format with it (:func:`check_chat_format`)
     and ``rollout.output_dir`` (:func:`check_output_dir`). What needs the router (its workers,
     the served tokenizer) and the user simulator's endpoint is checked by :func:`run_preflight`,
-    once they are up. The CLI and :func:`rollout.app.wiring.open_pool` call it.
+    once they are up. :func:`rollout.app.wiring.open_pool` (and so the CLI's ``run`` and ``eval``)
+    calls it.
+
+    Returns:
+        The tasks ``env.task_split`` / ``env.task_ids`` / ``env.open_issues`` select
+        (:func:`check_task_selection`): ``.task_ids`` run, ``.skipped`` are left out for an open issue.
 
     Raises:
         rollout.core.config.ConfigError: a value the config names is not here (a tau2 domain,
-            uvloop for the local stack, an unregistered benchmark), one line naming the key.
+            uvloop for the local stack, an unregistered benchmark), a split or a task the domain
+            lacks (``TaskSelectionError``), a chat format that does not fit the tokenizer; one
+            line naming the key.
         PreflightError: the first other check that fails, one line.
     """
     check_config(cfg)
     check_key_variables(cfg)
     check_benchmark(cfg)
     check_modules(cfg)
+    selection = check_task_selection(cfg)
     check_ray_address(cfg.pool.ray_address)
     check_tokenizer_loads(cfg.policy.tokenizer)
+    check_chat_format(cfg.policy.tokenizer, cfg.policy.chat_format, cfg.policy.enable_thinking)
     check_output_dir(cfg.rollout.output_dir)
+    return selection
 
 
 def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *,
-                  router_timeout_s: float = 5.0, user_timeout_s: float = 30.0) -> dict:
+                  router_timeout_s: float = 5.0, user_timeout_s: float = 30.0, check_env: Callable[[Any], Any] | None = None) -> dict:
     """Run the checks in order: the key variables and the benchmark's package
     (:func:`check_benchmark`), router and tokenizer (when ``policy.router_url`` is set; else
     only that the tokenizer loads), output folder, then ``check_user(cfg.env.user)``.
@@ -159,10 +183,14 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
     Args:
         cfg: the whole config; the key is read from the environment variable named by
             ``policy.api_key_env``.
-        check_user: optional user-simulator check, e.g. ``rollout.benchmarks.tau2.user.check_user_simulator``;
-            called with ``cfg.env.user``, sync or async; it raises to fail.
+        check_user: optional user-simulator check, the benchmark's ``check_user`` hook
+            (:func:`rollout.core.environment.benchmark_hook`; tau2's and tau-bench's:
+            :func:`rollout.benchmarks.user_api.check_user_simulator`); called with
+            ``cfg.env.user``, sync or async; it raises to fail.
         router_timeout_s: seconds for :func:`check_router`.
-        user_timeout_s: seconds for ``check_user``.
+        user_timeout_s: seconds for ``check_user`` (and for ``check_env``).
+        check_env: optional check of ``cfg.env`` (the benchmark's ``check_env`` hook), sync or
+            async, run after ``check_user``; it raises to fail.
 
     Returns:
         ``{"model_info": dict | None, "output_dir": str, "user": what check_user returned or
@@ -177,7 +205,13 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
     check_benchmark(cfg)
     api_key = os.environ.get(cfg.policy.api_key_env) if cfg.policy.api_key_env else None
     if cfg.policy.router_url:
-        out["model_info"] = check_router(cfg.policy.router_url, api_key, timeout_s=router_timeout_s)
+        wire = get_policy_engine(cfg.policy.engine)
+        out["model_info"] = check_router(cfg.policy.router_url, api_key, timeout_s=router_timeout_s,
+                                         served_model=wire.reports_model_info)
+        # the engine's check reads every worker's whole configuration (vLLM's /server_info): 5 s was
+        # too short on the loaded 2-core machine with two vLLM servers behind the router
+        engine_timeout_s = max(router_timeout_s, 30.0)
+        out["model_info"].update(_run_check(lambda c: check_engine_servers(c, api_key, engine_timeout_s), cfg, engine_timeout_s + 5.0))
         check_tokenizer(out["model_info"], cfg.policy.tokenizer)
     else:
         check_tokenizer_loads(cfg.policy.tokenizer)
@@ -191,6 +225,13 @@ def run_preflight(cfg: Config, check_user: Callable[[Any], Any] | None = None, *
         except Exception as e:  # noqa: BLE001  (any failure is one line)
             where = cfg.env.user.base_url or cfg.env.user.kind
             raise PreflightError(f"user simulator ({where}): {one_line(f'{type(e).__name__}: {e}', 300)}") from None
+    if check_env is not None:
+        try:
+            out["env"] = _run_check(check_env, cfg.env, user_timeout_s)
+        except PreflightError:
+            raise
+        except Exception as e:  # noqa: BLE001  (any failure is one line)
+            raise PreflightError(one_line(f"{type(e).__name__}: {e}", 300)) from None
     out["seconds"] = round(time.monotonic() - t0, 3)
     logger.info("preflight passed in %.2f s", out["seconds"])
     return out

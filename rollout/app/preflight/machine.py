@@ -1,7 +1,7 @@
 """The checks of what the config names on this machine: the values :func:`rollout.core.config.validate`
-cannot check without I/O (a tau2 domain, uvloop), the key variables, the packages a choice needs,
-the Ray address and the output folder. Each is cheap (milliseconds, or a bounded wait for a Ray
-head) and fails with one line naming the key."""
+cannot check without I/O (through the benchmark's and the engine's own hooks: a tau2 domain,
+uvloop), the key variables, the packages a choice needs, the Ray address and the output folder.
+Each is cheap (milliseconds, or a bounded wait for a Ray head) and fails with one line naming the key."""
 
 from __future__ import annotations
 
@@ -11,38 +11,63 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollout.app.preflight.errors import PreflightError
-from rollout.core.config import ConfigError, EventLoop, LocalBackend, UserKind
-from rollout.core.startup import RAY_ADDRESS_WAIT_S, check_ray_address  # noqa: F401  (re-exported: the preflight runs it too)
+from rollout.core.config import ConfigError, UserKind
+from rollout.core.engines import engine_for, get_engine
+from rollout.core.environment import benchmark_hook
+from rollout.core.startup import RAY_ADDRESS_WAIT_S, check_ray_address, importable  # noqa: F401  (re-exported: the preflight runs it too)
 
 if TYPE_CHECKING:
     from rollout.core.config import Config
+    from rollout.core.tasks import TaskSelection
 
 
 def check_config(cfg: Config) -> None:
     """The config values whose check reads files or looks up modules (kept out of
-    :func:`rollout.core.config.validate`, which does no I/O), in milliseconds, without importing tau2:
+    :func:`rollout.core.config.validate`, which does no I/O), in milliseconds, through the hooks
+    of what the config selects:
 
-    * ``env.domain`` is a domain of tau2's registry (``env.benchmark=tau2``), read from tau2's
-      source (:func:`rollout.benchmarks.tau2.registry.check_domain`);
-    * ``local.event_loop=uvloop`` with ``local.enabled``: uvloop is installed here, where the local
-      servers run (``pool.event_loop`` is checked on the actors' nodes, by the pool once they are up).
+    * the benchmark's ``check_config`` hook (:func:`rollout.core.environment.benchmark_hook`;
+      tau2's: ``env.domain`` is a domain of tau2's registry, read from tau2's source without
+      importing tau2, and `env.retrieval_config` suits it: :func:`rollout.benchmarks.tau2.retrieval.check_env_config`);
+    * the engine's ``check_config`` when the job starts one (:func:`rollout.core.engines.engine_for`;
+      the local stack's: ``local.event_loop=uvloop`` is installed here, where its servers run;
+      ``pool.event_loop`` is checked on the actors' nodes, by the pool once they are up).
 
     Raises:
         ConfigError: one line naming the key (the CLI prints it as a config error, exit 2).
     """
-    if cfg.env.benchmark == "tau2":
-        from rollout.benchmarks.tau2.registry import UnknownDomainError, check_domain
+    check = benchmark_hook(cfg.env.benchmark, "check_config")
+    if check is not None:
+        check(cfg.env)
+    engine = engine_for(cfg)
+    if engine is not None:
+        get_engine(engine).check_config(cfg)
 
-        try:
-            check_domain(cfg.env.domain)
-        except UnknownDomainError as e:
-            raise ConfigError(str(e)) from None
-    if cfg.local.enabled and cfg.local.event_loop == EventLoop.UVLOOP:
-        from rollout.core.eventloop import check_event_loop
 
-        why = check_event_loop(cfg.local.event_loop, "local.event_loop")
-        if why:
-            raise ConfigError(why)
+def check_task_selection(cfg: Config) -> TaskSelection:
+    """The tasks ``env.task_split`` / ``env.task_ids`` and ``env.open_issues`` select, checked
+    against the domain before anything starts: the domain is loaded through the benchmark registry
+    (:func:`rollout.core.environment.load_benchmark`, ``env.benchmark``'s loader; tau2: 1-2 s for
+    its domain module and data) and asked (:meth:`rollout.core.environment.Benchmark.task_ids`,
+    and its ``task_issues`` for the open issues: :func:`rollout.core.tasks.select_tasks`).
+
+    Returns:
+        The :class:`~rollout.core.tasks.TaskSelection`: the task ids that run, in the benchmark's
+        order (``env.task_ids`` as the benchmark writes them), and those left out for an open issue.
+
+    Raises:
+        rollout.core.config.TaskSelectionError: one line naming ``env.task_split`` (the splits the
+            domain has) or ``env.task_ids`` (the ids it lacks and the valid ones), or saying that
+            every selected task has an open issue; a ``ConfigError``.
+    """
+    from rollout.core.environment import load_benchmark
+    from rollout.core.tasks import select_tasks
+
+    bench = load_benchmark(cfg.env, log_level=cfg.logging.tau2_level)
+    try:
+        return select_tasks(bench, cfg.env.task_split, cfg.env.task_ids, cfg.env.open_issues)
+    finally:
+        bench.close()
 
 
 def check_output_dir(path: str | os.PathLike) -> None:
@@ -104,29 +129,15 @@ def check_benchmark(cfg: Config) -> None:
 
 def check_modules(cfg: Config) -> None:
     """The optional packages the config asks for can be imported here (looked up, not imported):
-    ``torch`` for ``local.backend=tiny`` (the ``tiny`` extra) with ``local.enabled``; ``litellm``
-    for ``env.user.kind=llm``. (``pool.event_loop=uvloop`` is checked on the actors' nodes, by the
-    pool once they are up.)
+    what the job's engine needs (its ``check_modules``; the local stack's: ``torch`` for
+    ``local.backend=tiny``, the ``tiny`` extra); ``litellm`` for ``env.user.kind=llm``.
+    (``pool.event_loop=uvloop`` is checked on the actors' nodes, by the pool once they are up.)
 
     Raises:
         PreflightError: one line naming the key and the install command.
     """
-    if cfg.local.enabled and cfg.local.backend == LocalBackend.TINY and not _importable("torch"):
-        raise PreflightError("local.backend=tiny needs torch, which is not installed here: pip install 'tau-rollout[tiny]' "
-                             "(torch==2.13.0 is the CPU build), or choose local.backend=gold_replay")
-    if cfg.env.user.kind == UserKind.LLM and not _importable("litellm"):
+    engine = engine_for(cfg)
+    if engine is not None:
+        get_engine(engine).check_modules(cfg)
+    if cfg.env.user.kind == UserKind.LLM and not importable("litellm"):
         raise PreflightError("env.user.kind=llm needs litellm, which is not installed here: pip install litellm")
-
-
-def _importable(module: str) -> bool:
-    """Whether ``module`` can be imported (found on the path and not masked in ``sys.modules``)."""
-    import importlib.util
-    import sys
-
-    if module in sys.modules:
-        return sys.modules[module] is not None
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-

@@ -1,4 +1,6 @@
-"""The router check: the SGLang router answers, lists a healthy worker and serves a model."""
+"""The router check: the router answers, lists a healthy worker and serves a model; and the
+engine's own check of its servers (:func:`check_engine_servers`: for vLLM, the RL routes and the
+log-probs mode)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.app.preflight.errors import PreflightError, one_line, reason
+from rollout.core.policy import PolicyServerError
+from rollout.core.policy_engines import get_policy_engine
+
+if TYPE_CHECKING:
+    from rollout.core.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +38,21 @@ def _get(url: str, api_key: str | None, timeout: float) -> tuple[int, Any]:
         return status, text
 
 
-def check_router(router_url: str, api_key: str | None, timeout_s: float = 5.0) -> dict:
+def check_router(router_url: str, api_key: str | None, timeout_s: float = 5.0, served_model: bool = True) -> dict:
     """The router answers, lists at least one healthy worker, and serves a model.
 
     Args:
-        router_url: ``http(s)://host:port`` of the SGLang router (or of a single SGLang server).
+        router_url: ``http(s)://host:port`` of the router (sglang-router, vllm-router; or of a
+            single SGLang server).
         api_key: sent as ``Authorization: Bearer <key>``; None: no header.
         timeout_s: seconds for the whole check (every request shares this deadline).
+        served_model: read the served model from SGLang's ``GET /get_model_info`` (or
+            ``/model_info``); False (an engine without it, e.g. vLLM: its
+            :func:`check_engine_servers` reads the model): only the workers are checked.
 
     Returns:
         The model info of the served model (``GET /get_model_info`` or ``/model_info``: at least
-        ``model_path``; see the module docstring for the other keys).
+        ``model_path``; see the module docstring for the other keys); ``{}`` without ``served_model``.
 
     Raises:
         PreflightError: nothing answers within ``timeout_s``, the key is refused (401/403), the
@@ -90,6 +101,8 @@ def check_router(router_url: str, api_key: str | None, timeout_s: float = 5.0) -
             urls = ", ".join(str(w.get("url")) for w in workers)
             raise PreflightError(f"{where}: none of its {len(workers)} workers is healthy ({one_line(urls)})")
 
+    if not served_model:
+        return {}
     # 2. the served model
     tried: list[str] = []
     candidates = [base + "/get_model_info", base + "/model_info"]
@@ -106,3 +119,32 @@ def check_router(router_url: str, api_key: str | None, timeout_s: float = 5.0) -
             return body
         tried.append(f"{url} -> HTTP {status}")
     raise PreflightError(f"{where}: serves no model info ({one_line('; '.join(tried), 300)})")
+
+
+async def check_engine_servers(cfg: Config, api_key: str | None, timeout_s: float = 30.0) -> dict:
+    """The engine's own check of the servers behind ``policy.router_url``
+    (:meth:`~rollout.core.policy.wire.WireProtocol.check_servers` of ``policy.engine``'s wire:
+    nothing more for SGLang; for vLLM, every worker serves the RL routes and reports the log-probs
+    of the distribution it samples at ``policy.sampling``). A coroutine: :func:`run_preflight`
+    runs it in a loop of its own.
+
+    Returns:
+        What the engine reports of the served model (``{}``: nothing beyond :func:`check_router`'s).
+
+    Raises:
+        PreflightError: one line, naming the worker and the flag to set, or the time that ran out.
+    """
+    import asyncio
+
+    import aiohttp
+
+    wire = get_policy_engine(cfg.policy.engine)
+    try:
+        async with aiohttp.ClientSession() as session:
+            admin = wire.admin(str(cfg.policy.router_url), session, timeout_s=timeout_s, api_key=api_key)
+            return await asyncio.wait_for(wire.check_servers(admin, cfg.policy), timeout_s)
+    except PolicyServerError as e:
+        raise PreflightError(f"policy.engine={wire.name}: {one_line(str(e), 400)}") from None
+    except asyncio.TimeoutError:
+        raise PreflightError(f"policy.engine={wire.name}: the servers behind {cfg.policy.router_url} did not answer "
+                             f"the engine's check within {timeout_s:g} s") from None

@@ -226,6 +226,83 @@ def check_tokenizer(model_info: dict, tokenizer) -> None:
                     name, model, ours["tokenizer_vocab_size"], len(ours["special_tokens"]))
 
 
+_FITS: dict[tuple, str] = {}  # (tokenizer, chat format, template kwargs) -> the family, checked in this process
+
+
+def _fit_key(name: str, chat_format: str, kwargs: dict) -> str | None:
+    """The disk-cache key of a passed :func:`check_chat_format`: the tokenizer's facts key (its
+    files and the ``transformers`` version), the format, the template's arguments, and the files
+    of the ``rollout.core.formats`` package (size and mtime of each: a changed format is checked
+    again); ``None`` where the tokenizer has no facts key (a hub id)."""
+    facts = _facts_key(name)
+    if facts is None:
+        return None
+    folder = Path(__file__).resolve().parents[2] / "core" / "formats"
+    code = sorted((p.name, st.st_size, st.st_mtime_ns) for p in folder.glob("*.py") for st in [p.stat()])
+    return hashlib.sha256(json.dumps([facts, chat_format, sorted(kwargs.items()), code]).encode()).hexdigest()[:24]
+
+
+def check_chat_format(tokenizer: str, chat_format: str, enable_thinking: bool | None = None) -> str:
+    """``policy.chat_format`` fits ``policy.tokenizer``: the format is registered, ``auto`` detects
+    a family, the format builds for the tokenizer and its start-up probe passes (exact delta
+    tokenization), as every actor checks at its start (:class:`rollout.core.worker.RolloutWorker`),
+    here in the driver before anything starts (seconds: the tokenizer is loaded). A pair that
+    passed is remembered in this process and on disk beside the tokenizer's facts
+    (:func:`facts_cache_dir`), keyed as :func:`cached_tokenizer_facts` is plus the format's own
+    files, so a job started again loads no tokenizer in the driver.
+
+    Args:
+        tokenizer: ``policy.tokenizer`` (loadable: :func:`check_tokenizer_loads` ran first).
+        chat_format: ``policy.chat_format`` (a registered name or ``auto``).
+        enable_thinking: ``policy.enable_thinking`` (passed to the template when set).
+
+    Returns:
+        The family that will render prompts (``auto`` resolved).
+
+    Raises:
+        rollout.core.config.ConfigError: one line naming ``policy.chat_format`` and
+            ``policy.tokenizer`` and why they do not fit (the format's own
+            :class:`~rollout.core.formats.TemplateError`, or the probe's first problem).
+    """
+    from rollout.core.config import ConfigError
+
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    memo = (tokenizer, chat_format, tuple(sorted(kwargs.items())))
+    if memo in _FITS:
+        return _FITS[memo]
+    key = _fit_key(tokenizer, chat_format, kwargs) if FACTS_CACHE else None
+    path = facts_cache_dir() / "chat-formats" / f"{key}.json" if key else None
+    if path is not None:
+        try:
+            _FITS[memo] = str(json.loads(path.read_text(encoding="utf-8"))["chat_format"])
+            return _FITS[memo]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not checked yet (or unreadable): checked below
+    from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
+    from rollout.core.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    try:
+        family = choose_chat_format(chat_format, tok, tokenizer)
+        report = get_chat_format(family)(tok, tools=None, template_kwargs=kwargs).probe()
+        why = None if report.ok else f"exact delta tokenization is impossible with chat format {family}: {report.problems[0]}"
+    except TemplateError as e:
+        why = str(e)
+    if why is not None:
+        raise ConfigError(f"policy.chat_format={chat_format} does not fit policy.tokenizer={tokenizer}: {one_line(why, 400)} "
+                          "(python -m rollout formats lists each format's tokenizer)") from None
+    _FITS[memo] = family
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"chat_format": family}), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as e:
+            logger.debug("chat format check not cached at %s: %r", path, e)
+    return family
+
+
 def check_tokenizer_loads(name: str) -> None:
     """``policy.tokenizer`` names something loadable (:func:`rollout.core.tokenizer.check_tokenizer_source`:
     no network wait for a hub id that is neither cached nor reachable), and it loads, before

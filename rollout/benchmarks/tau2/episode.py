@@ -1,5 +1,6 @@
 """One episode's tau2 environment (:class:`Tau2Environment`), with the seed's shape made async:
-``reset(task_id) -> (observation, info)`` and ``step(action) -> (observation, reward, done, info)``.
+``reset(task_id) -> (observation, info)`` and ``step(action) -> StepResult``
+(:class:`rollout.core.environment.StepResult`).
 
 * A tool action runs the tool in tau2's environment and returns the tool's output.
 * A respond action (plain text) goes to the user simulator and returns the user's reply.
@@ -28,13 +29,13 @@ import contextlib
 import logging
 import time
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Any
 
-from rollout.benchmarks.tau2.fast import PURE_TOOL_TYPES
 from rollout.benchmarks.tau2.sandbox import TERMINATIONS, ToolSandbox, evaluate_run
-from rollout.benchmarks.tau2.user_api import STOP, UserSimulator, UserTools
+from rollout.benchmarks.user_api import STOP, UserSimulator, UserTools
 from rollout.core.config import EnvConfig
-from rollout.core.environment import Action, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
+from rollout.core.environment import Action, EnvironmentStepError, RewardError, StepResult, ToolTimeoutError, UserSimulatorError
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,9 @@ class Tau2Environment:
         """Start the episode on ``task_id``.
 
         Returns:
-            ``(observation, info)``: the user's opening message, and ``{"task_id", "domain"}``.
+            ``(observation, info)``: the user's opening message, and ``{"task_id", "domain"}``,
+            with ``system_prompt`` when the episode's environment has a policy of the task's own
+            (banking_knowledge's ``golden_retrieval``: the task's documents inlined).
 
         Raises:
             EnvironmentStepError, UserSimulatorError.
@@ -144,28 +147,35 @@ class Tau2Environment:
         self.fast = self.cfg.evaluator == "fast" and self.domain.fast.supports(self.task)
         with self._timed("env_s"):
             try:
-                if self.fast:  # a view of the actor's database: microseconds, on the loop
+                if self.fast and self.domain.fast.mode == "cow":  # a view of the actor's database: microseconds, on the loop
                     self._env = self.domain.fast.new_environment(self.task)
+                elif self.fast:  # the domain's constructor on a copy of the actor's database: milliseconds and up
+                    self._env = await self._in_thread(self.domain.fast.new_environment, self.task, timeout=self.cfg.step_timeout_s)
                 else:
                     self._env = await self._in_thread(self._build_env, timeout=self.cfg.step_timeout_s)
             except (asyncio.TimeoutError, _QueuedTooLong):
                 raise EnvironmentStepError(f"building the {self.domain.name} environment took over {self.cfg.step_timeout_s}s") from None
             except Exception as e:
                 raise EnvironmentStepError(f"building the environment failed: {e!r}") from e
-        if self.domain.user_tool_schemas:  # dual control: the user acts on its own side (telecom's phone)
+        if self.domain.user_tool_schemas:  # dual control: the user acts on its own side (telecom's phone, banking's requests)
             bind = getattr(self.user, "bind_tools", None)
             if bind is None:
                 raise UserSimulatorError(f"domain {self.domain.name} gives the user tools, but the user simulator "
                                          f"{type(self.user).__name__} cannot use them (no bind_tools)")
-            bind(UserTools(schemas=tuple(self.domain.user_tool_schemas), call=self._user_tool))
+            # the task's own user tools (tau2 >= 1.0's Task.user_tools; possibly none)
+            bind(UserTools(schemas=self.domain.user_tool_schemas_for(self.task), call=self._user_tool))
         with self._timed("user_s"):
             opening = await self.user.start()
         self.messages.append(UserMessage(role="user", content=opening))
-        return opening, {"task_id": self.task.id, "domain": self.domain.name}
+        info: dict[str, Any] = {"task_id": self.task.id, "domain": self.domain.name}
+        policy = self._env.get_policy()
+        if policy != self.domain.policy:  # a prompt of the task's own (banking's golden_retrieval inlines its documents)
+            info["system_prompt"] = self.domain.system_prompt_for(policy)
+        return opening, info
 
     def _build_env(self):
         """tau2's path: a fresh environment with its own database, in the task's initial state."""
-        env = self.domain.new_environment()
+        env = self.domain.new_environment(self.task)
         st = self.task.initial_state
         if st is not None and (st.initialization_data or st.initialization_actions or st.message_history):
             env.set_state(
@@ -175,32 +185,29 @@ class Tau2Environment:
             )
         return env
 
-    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
+    async def step(self, action: Action) -> StepResult:
         """Apply one agent action.
 
         Returns:
-            ``(observation, reward, done, info)``. ``observation`` is the tool output (``info["role"]
-            == "tool"``) or the user's reply (``"user"``). ``reward`` is tau2's reward when ``done``
-            (0.0 before). ``info`` has ``role``, ``termination`` (``user_stop`` | ``transfer`` |
-            ``agent_stop`` | None), ``tool_error`` and, when done, ``reward_info``.
+            The :class:`StepResult`: the tool output (``role == "tool"``, with ``tool_error``) or
+            the user's reply (``"user"``); when ``done``, tau2's reward, the ``termination``
+            (``user_stop`` | ``transfer`` | ``agent_stop``) and the ``reward_info``.
         """
         from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 
         if self._env is None:
             raise EnvironmentStepError("step() before reset()")
-        info: dict[str, Any] = {"termination": None, "tool_error": False}
         if action.is_respond:
             self.messages.append(AssistantMessage(role="assistant", content=action.content))
             if STOP in action.content:
-                info["role"] = "user"
-                return await self._finish("agent_stop", "", info)
+                return await self._finish("agent_stop", StepResult("", role="user"))
             with self._timed("user_s"):
                 reply = await self.user.respond(action.content)
             self.messages.append(UserMessage(role="user", content=reply.text))
-            info["role"] = "user"
+            answer = StepResult(reply.text, role="user")
             if reply.stop:
-                return await self._finish("transfer" if reply.transfer else "user_stop", reply.text, info)
-            return reply.text, 0.0, False, info
+                return await self._finish("transfer" if reply.transfer else "user_stop", answer)
+            return answer
 
         # ids need only be unique within the episode (tau2 pairs a call with its answer by id);
         # a counter, not uuid4, whose os.urandom is a system call on the event loop per step
@@ -210,10 +217,10 @@ class Tau2Environment:
         with self._timed("tool_s"):
             content, error = await self._run_tool(call)
         self.messages.append(ToolMessage(id=call.id, role="tool", content=content, requestor="assistant", error=error))
-        info.update(role="tool", tool_error=error)
+        answer = StepResult(content, role="tool", tool_error=bool(error))
         if action.name == TRANSFER_TOOL:
-            return await self._finish("transfer", content, info)
-        return content, 0.0, False, info
+            return await self._finish("transfer", answer)
+        return answer
 
     async def _run_tool(self, call) -> tuple[str, bool]:
         """Run one tool call: database-free tools in the sandbox, database tools in the domain's
@@ -221,7 +228,7 @@ class Tau2Environment:
         that cannot even start (a busy actor) is an :class:`EnvironmentStepError`, never a
         ``tool_timeout`` (which is trained as the policy's failure)."""
         timeout = self.cfg.step_timeout_s
-        pure = self.domain.tool_types.get(call.name) in PURE_TOOL_TYPES
+        pure = call.name in self.domain.pure_tools
         try:
             if pure and self.sandbox is not None:
                 # The thread returns by itself once the sandbox answers or is killed.
@@ -282,13 +289,12 @@ class Tau2Environment:
         self.messages.append(ToolMessage(id=call.id, role="tool", content=msg.content, requestor="user", error=msg.error))
         return msg.content, bool(msg.error)
 
-    async def _finish(self, termination: str, observation: str, info: dict[str, Any]):
+    async def _finish(self, termination: str, answer: StepResult) -> StepResult:
+        """``answer`` as the episode's last step: ended by ``termination``, with tau2's reward."""
         self.termination = termination
-        info["termination"] = termination
         with self._timed("reward_s"):
             reward, reward_info = await self.evaluate(termination)
-        info["reward_info"] = reward_info
-        return observation, reward, True, info
+        return replace(answer, done=True, reward=reward, termination=termination, reward_info=reward_info)
 
     async def evaluate(self, termination: str) -> tuple[float, dict[str, Any]]:
         """tau2's reward for the conversation so far, ending with ``termination``.
@@ -312,7 +318,8 @@ class Tau2Environment:
         if self.fast:
             # Nothing is replayed: no model output is evaluated here (see rollout.benchmarks.tau2.fast).
             try:
-                return await self._in_thread(self.domain.fast.evaluate, self.task, self._env, list(self.messages), timeout=timeout)
+                return await self._in_thread(self.domain.fast.evaluate, self.task, self._env, list(self.messages), self.cfg.judge,
+                                             timeout=timeout)
             except (asyncio.TimeoutError, _QueuedTooLong):
                 raise RewardError(f"the reward took over {timeout}s") from None
             except Exception as e:
@@ -328,7 +335,7 @@ class Tau2Environment:
             raise RewardError(f"the sandbox serves domain {self.sandbox.domain!r}, not {self.domain.name!r}")
         # The thread returns by itself once the sandbox answers or is killed; this bound is a net.
         budget = timeout + self.sandbox.startup_timeout_s + 5.0
-        args = (self.task, list(self.messages), termination, self._start, time.time(), timeout)
+        args = (self.task, list(self.messages), termination, self._start, time.time(), timeout, self.cfg.judge, self.domain.env_kwargs(self.task))
         try:
             return await self._in_thread(self.sandbox.evaluate, *args, timeout=budget)
         except (asyncio.TimeoutError, _QueuedTooLong):
@@ -340,4 +347,5 @@ class Tau2Environment:
 
     def _evaluate_sync(self, termination: str) -> tuple[float, dict[str, Any]]:
         """In-process evaluation (no sandbox): :func:`evaluate_run` in the calling thread."""
-        return evaluate_run(self.task, self.messages, termination, self.domain.name, self._start, time.time())
+        return evaluate_run(self.task, self.messages, termination, self.domain.name, self._start, time.time(),
+                            judge=self.cfg.judge, env_kwargs=self.domain.env_kwargs(self.task))

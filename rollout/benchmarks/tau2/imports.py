@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from rollout.benchmarks.tau2.registry import DomainLoaders, load_domain
+from rollout.benchmarks.tau2.registry import DomainLoaders, light_tau2, load_domain
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ def import_tau2(log_level: str | None = None) -> None:
     if log_level is not None:
         # loguru's default handler reads this when loguru is first imported (tau2 logs at import)
         os.environ.setdefault("LOGURU_LEVEL", log_level.upper())
+    light_tau2()  # tau2 >= 1.0's __init__ imports litellm and every agent: not here
     import tau2  # noqa: F401
     from loguru import logger as loguru_logger
 

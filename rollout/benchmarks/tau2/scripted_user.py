@@ -15,7 +15,7 @@ import hashlib
 import re
 from typing import Any
 
-from rollout.benchmarks.tau2.user_api import STOP, UserReply, UserTools
+from rollout.benchmarks.user_api import STOP, UserReply, UserTools, scripted_answer
 
 
 def case_reference(task_id: str) -> str:
@@ -102,8 +102,8 @@ class ScriptedUser:
                 self.tool_calls += 1
                 lines.append(f"- {name}: {content}")
             return UserReply("I did that on my side. What I got:\n" + "\n".join(lines), stop=False)
-        if "?" not in agent_message or self.answers >= self.max_answers:
+        answer = scripted_answer(agent_message, self.answers, self.max_answers, self.known or self.reason)
+        if answer is None:
             return UserReply(STOP, stop=True)
         self.answers += 1
-        info = self.known or self.reason
-        return UserReply(f"{info}\nYes, please go ahead.", stop=False)
+        return UserReply(answer, stop=False)

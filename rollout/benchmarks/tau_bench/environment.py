@@ -35,8 +35,8 @@ token-in/token-out; the adapter only provides the environment):
   ``env.step_timeout_s`` (``tool_timeout``), a user-simulator turn ``env.user.timeout_s``
   (``user_error``), the reward ``env.reward_timeout_s`` (``eval_error``). A call that cannot get
   a thread within ``env.step_timeout_s`` is ``env_error``.
-* Errors: a tool that raises is an observation (tau-bench's ``"Error: ..."``, ``tool_error`` in
-  the info), never an error; a failure of the user simulator is :class:`UserSimulatorError`
+* Errors: a tool that raises is an observation (tau-bench's ``"Error: ..."``, ``StepResult.tool_error``),
+  never an error; a failure of the user simulator is :class:`UserSimulatorError`
   (``user_error``), of the reward :class:`RewardError` (``eval_error``), of anything else in
   tau-bench's code, an unknown task id included, :class:`EnvironmentStepError` (``env_error``).
   Failures inside tau-bench's ``step`` are told apart by wrapping the env's user, tools and
@@ -61,7 +61,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.benchmarks.tau2.user_api import STOP, user_api_key
 from rollout.benchmarks.tau_bench.episode import TauBenchEnvironment, reward_info
 from rollout.benchmarks.tau_bench.guards import SANDBOXED_TOOLS, TauBenchToolSandbox
 from rollout.benchmarks.tau_bench.package import (
@@ -79,9 +78,11 @@ from rollout.benchmarks.tau_bench.package import (
     task_id,
     tau_bench_available,
 )
+from rollout.benchmarks.user_api import STOP, scripted_answer, user_api_key
 from rollout.core.config import EnvConfig, TaskSelectionError, UserConfig
 from rollout.core.environment import DEFAULT_BENCHMARK, Benchmark, UserSimulatorError, domain_key
 from rollout.core.environment import load_benchmark as load_registered_benchmark
+from rollout.core.tasks import unknown_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +119,11 @@ class ScriptedTauBenchUser:
         return f"Hi! {self.instruction}"
 
     def step(self, content: str) -> str:
-        if "?" not in (content or "") or self.answers >= self.max_answers:
+        answer = scripted_answer(content, self.answers, self.max_answers, self.instruction)
+        if answer is None:
             return STOP
         self.answers += 1
-        return f"{self.instruction}\nYes, please go ahead."
+        return answer
 
     def get_total_cost(self) -> float:
         return 0.0
@@ -281,7 +283,7 @@ class TauBenchDomain:
             else:
                 missing.append(str(i))
         if missing:
-            raise TaskSelectionError(f"env.task_ids: not tasks of tau-bench {self.name}: {missing[:10]} (ids are '<split>-<index>', e.g. 'test-0')")
+            raise unknown_task_ids(missing, list(self.tasks), f"tau-bench {self.name}", hint="ids are '<split>-<index>', e.g. 'test-0'")
         return out
 
     def new_sandbox(self, evaluator: bool = False, log_level: str = "ERROR", startup_timeout_s: float = 120.0) -> TauBenchToolSandbox:

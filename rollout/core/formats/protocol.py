@@ -27,10 +27,20 @@ class ParseError(ValueError):
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed tool call. ``arguments`` is a JSON object."""
+    """One parsed tool call.
+
+    Attributes:
+        name: the tool.
+        arguments: a JSON object.
+        id: the call id the model wrote with the call, where its format has it write one (Mistral
+            v3-v11: ``"id"`` in the call's JSON, ``[CALL_ID]``); ``None`` where it wrote none (every
+            Hermes, Qwen3.6 and DeepSeek-V4 call): the loop then names the call itself
+            (:meth:`ParsedTurn.call_ids`).
+    """
 
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +68,11 @@ class ParsedTurn:
         return self.tool_calls[0] if self.tool_calls else None
 
     def call_ids(self, call_id: str | None = None) -> list[str]:
-        """The ids of :attr:`tool_calls`: ``call_id`` for the first (``"call_0"`` when None), then
-        ``call_id-1``, ``call_id-2``, ... for the others."""
+        """The ids of :attr:`tool_calls`, in order: the id the model wrote (:attr:`ToolCall.id`)
+        where it wrote one, else one derived from ``call_id``: ``call_id`` itself for the first
+        call (``"call_0"`` when None), ``call_id-1``, ``call_id-2``, ... for the others."""
         base = call_id or "call_0"
-        return [base if i == 0 else f"{base}-{i}" for i in range(len(self.tool_calls))]
+        return [c.id or (base if i == 0 else f"{base}-{i}") for i, c in enumerate(self.tool_calls)]
 
     def to_message(self, call_id: str | None = None) -> dict[str, Any]:
         """The OpenAI chat-completions assistant message: ``content``, ``reasoning_content`` when the
@@ -70,8 +81,9 @@ class ParsedTurn:
         (and as tau2's ``to_litellm_messages`` writes its own messages).
 
         Args:
-            call_id: the first tool call's id (see :meth:`call_ids`; the tool message that
-                answers a call carries its id as ``tool_call_id``); ``None``: ``"call_0"``.
+            call_id: the base of the ids of calls the model wrote no id for (see :meth:`call_ids`;
+                the tool message that answers a call carries its id as ``tool_call_id``);
+                ``None``: ``"call_0"``. A call the model wrote an id for keeps that id.
         """
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning is not None:

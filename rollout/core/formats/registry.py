@@ -1,4 +1,5 @@
-"""The chat-format registry: model family name -> how to build, detect and test its :class:`ChatFormat`.
+"""The chat-format registry (:data:`CHAT_FORMATS`, a :class:`rollout.core.registry.Registry`): model
+family name -> how to build, detect and test its :class:`ChatFormat`.
 
 Each family is a :class:`FormatInfo`: the factory of its format (called once per actor as
 ``factory(tokenizer, tools=..., template_kwargs=...)``; the worker probes the result with
@@ -17,23 +18,26 @@ the package costs nothing for a family not in use).
 Adding a family: a module under ``rollout/core/formats/`` that defines ``FORMATS`` (its parser,
 and a renderer of its own or an adapter when the tokenizer's chat template cannot give exact
 deltas), named in :data:`_BUILTIN_MODULES`; or :func:`register_chat_format` from outside the
-package (docs/design.md, "Seams").
+package (by path, so that the Ray actors, which build the format, find it too), or an entry point
+in group ``tau_rollout.chat_formats`` of a package of your own (docs/design.md, "Seams").
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from rollout.core.formats.hermes import parse_turn
 from rollout.core.formats.protocol import ChatFormat, TemplateError
 from rollout.core.formats.template import ChatTemplate
+from rollout.core.registry import Registry, is_import_path
 
-__all__ = ["AUTO", "DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "FormatInfo", "chat_formats", "choose_chat_format", "detect_chat_format",
-           "format_info", "format_infos", "get_chat_format", "hermes_format", "register_chat_format", "resolve_chat_format"]
+__all__ = ["AUTO", "CHAT_FORMATS", "DEFAULT_CHAT_FORMAT", "ChatFormatFactory", "FormatInfo", "chat_formats", "choose_chat_format",
+           "detect_chat_format", "format_info", "format_infos", "get_chat_format", "hermes_format", "never_raises",
+           "register_chat_format", "resolve_chat_format", "unregister_chat_format"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +89,21 @@ class FormatInfo:
                 "tested": self.tested, "renderer": self.renderer, "detection": self.detection, "note": self.note}
 
 
+def never_raises(detect: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A family's ``detect(tokenizer) -> bool`` (:attr:`FormatInfo.detect`) made to never raise:
+    any ``Exception`` it raises (a tokenizer without the attributes or methods it reads) answers
+    False, not this family's. Used as a decorator."""
+
+    @functools.wraps(detect)
+    def guarded(tokenizer: Any) -> bool:
+        try:
+            return detect(tokenizer)
+        except Exception:
+            return False
+
+    return guarded
+
+
 def hermes_format(tokenizer: Any, tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> ChatTemplate:
     """The ``hermes`` format: the tokenizer's chat template with the Hermes ``<tool_call>`` parser.
 
@@ -123,88 +142,99 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "rollout.core.formats.mistral",
 )
 
-_FORMATS: dict[str, FormatInfo] = {}
-_LOCK = threading.Lock()
-_LOADED = False
 
-
-def _load() -> None:
-    """Register hermes and the built-in families' modules once (a module that fails to import is
+def _registered_builtins(reg: Registry) -> None:
+    """Register hermes and the built-in families' modules (a module that fails to import is
     logged and skipped: its family is then not offered)."""
-    global _LOADED
-    if _LOADED:
-        return
-    with _LOCK:
-        if _LOADED:
-            return
-        _FORMATS.setdefault(HERMES.name, HERMES)
-        for module in _BUILTIN_MODULES:
-            try:
-                infos = importlib.import_module(module).FORMATS
-            except ModuleNotFoundError as e:
-                if e.name == module:  # a family not written yet
-                    continue
-                logger.warning("chat formats: %s is not available (%s)", module, e)
+    reg.register(HERMES.name, HERMES)
+    for module in _BUILTIN_MODULES:
+        try:
+            infos = importlib.import_module(module).FORMATS
+        except ModuleNotFoundError as e:
+            if e.name == module:  # a family not written yet
                 continue
-            for info in infos:
-                _FORMATS.setdefault(info.name, info)
-        _LOADED = True
+            logger.warning("chat formats: %s is not available (%s)", module, e)
+            continue
+        for info in infos:
+            reg.register(info.name, info)
 
 
-def register_chat_format(name: str | FormatInfo, factory: ChatFormatFactory | None = None) -> None:
-    """Add a chat format: a :class:`FormatInfo`, or a name and its factory
-    (``factory(tokenizer, tools=..., template_kwargs=...)`` builds it; never detected by ``auto``).
+# name -> a FormatInfo, a factory, or the "module:attribute" path of either; in registration order
+CHAT_FORMATS: Registry[FormatInfo | ChatFormatFactory] = Registry(
+    "chat_format", "policy.chat_format", name_ok=lambda n: bool(n) and ":" not in n and n != AUTO,
+    name_rule=f"a non-empty name without ':', not {AUTO!r}", loaded=_registered_builtins,
+    also=f"or {AUTO} (detected from the tokenizer; python -m rollout formats)")
+
+
+def register_chat_format(name: str | FormatInfo, factory: ChatFormatFactory | str | None = None, *, replace: bool = False) -> None:
+    """Add a chat format: a :class:`FormatInfo`; or a name and its factory
+    (``factory(tokenizer, tools=..., template_kwargs=...)`` builds it; never detected by ``auto``);
+    or a name and the ``"package.module:attribute"`` path of either, imported on first use (a path
+    entry: it reaches the Ray actors, where formats are built).
 
     Raises:
-        ValueError: the name is empty, reserved (``auto``) or already registered, or the factory is
-            not callable.
+        ValueError: the name is empty, reserved (``auto``) or already registered (and ``replace``
+            is false), or the factory is neither callable nor a path.
     """
-    _load()
-    info = name if isinstance(name, FormatInfo) else FormatInfo(name=name, factory=factory)  # type: ignore[arg-type]
-    if not isinstance(info.name, str) or not info.name:
-        raise ValueError(f"a chat format needs a non-empty name, not {info.name!r}")
-    if info.name == AUTO:
+    if isinstance(name, FormatInfo):
+        name, item = name.name, name
+        factory = item.factory
+    else:
+        item = factory
+    if name == AUTO:
         raise ValueError(f"{AUTO!r} is policy.chat_format's detection, not a format name")
-    if not callable(info.factory):
-        raise ValueError(f"chat format {info.name!r}: the factory must be callable, not {type(info.factory).__name__}")
-    with _LOCK:
-        if info.name in _FORMATS:
-            raise ValueError(f"chat format {info.name!r} is already registered")
-        _FORMATS[info.name] = info
+    if isinstance(name, str) and name and not (callable(factory) or is_import_path(factory)):
+        raise ValueError(f"chat format {name!r}: the factory must be callable, not {type(factory).__name__}")
+    CHAT_FORMATS.register(name, item, replace=replace)  # type: ignore[arg-type]
+
+
+def unregister_chat_format(name: str) -> None:
+    """Remove chat format ``name``.
+
+    Raises:
+        rollout.core.registry.UnknownNameError: no such format (a ``KeyError``).
+    """
+    CHAT_FORMATS.unregister(name)
 
 
 def format_info(name: str) -> FormatInfo:
-    """The registered family ``name``.
+    """The registered family ``name`` (a bare factory is given a :class:`FormatInfo` of its own).
 
     Raises:
-        KeyError: no such format (the message lists the registered ones).
+        rollout.core.registry.UnknownNameError: no such format (a ``KeyError``; one line naming
+            ``policy.chat_format`` and listing the registered ones).
+        ImportError, AttributeError: its registered path cannot be imported.
     """
-    _load()
-    try:
-        return _FORMATS[name]
-    except KeyError:
-        raise KeyError(f"unknown chat format {name!r}; registered: {sorted(_FORMATS)}") from None
+    item = CHAT_FORMATS.get(name)
+    return item if isinstance(item, FormatInfo) else FormatInfo(name=name, factory=item)
 
 
 def get_chat_format(name: str) -> ChatFormatFactory:
     """The factory of chat format ``name``.
 
     Raises:
-        KeyError: no such format (the message lists the registered ones).
+        rollout.core.registry.UnknownNameError: no such format (a ``KeyError``; the message lists
+            the registered ones).
     """
     return format_info(name).factory
 
 
 def format_infos() -> tuple[FormatInfo, ...]:
-    """Every registered family, hermes first, then in registration order."""
-    _load()
-    return tuple(_FORMATS.values())
+    """Every registered family, hermes first, then in registration order (the built-in modules
+    in :data:`_BUILTIN_MODULES`' order, then those registered or declared by installed packages).
+    A family registered by a path that cannot be imported is logged and left out."""
+    infos = []
+    for name in CHAT_FORMATS.names():
+        try:
+            infos.append(format_info(name))
+        except (ImportError, AttributeError) as e:
+            logger.warning("chat format %s is not available (%r)", name, e)
+    return tuple(infos)
 
 
 def chat_formats() -> tuple[str, ...]:
     """The registered chat formats' names, sorted."""
-    _load()
-    return tuple(sorted(_FORMATS))
+    return tuple(sorted(CHAT_FORMATS.names()))
 
 
 def detect_chat_format(tokenizer: Any) -> str | None:

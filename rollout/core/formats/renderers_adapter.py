@@ -21,9 +21,9 @@ to the episode loop (docs/design.md, invariant 1):
   the renderer's own rendering of calls parses back to them.
 
 The family modules (:mod:`~rollout.core.formats.qwen35`, :mod:`~rollout.core.formats.deepseek_v4`)
-configure their renderer so that bridges are allowed across user turns (renderers'
-``thinking_retention="all"``) and import ``renderers`` in their factories: this module imports
-without it.
+configure their renderer with :func:`renderer_config`, so that bridges are allowed across user
+turns (renderers' ``thinking_retention="all"``), and import ``renderers`` in their factories: this
+module imports without it.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rollout.core.formats.codec import gil_free_codec
 from rollout.core.formats.hermes import MAX_CALL_CHARS
 from rollout.core.formats.protocol import ParsedTurn, ParseError, TemplateError, TemplateReport, ToolCall
+from rollout.core.formats.registry import ChatFormatFactory, FormatInfo
 from rollout.core.formats.template import INLINE_MAX_IDS
 
-__all__ = ["PROBE_TOOLS", "FamilySyntax", "RenderersFormat", "import_renderers", "make_renderer"]
+__all__ = ["PROBE_TOOLS", "FamilySyntax", "RenderersFormat", "import_renderers", "make_renderer", "renderer_config", "renderers_format_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,30 @@ def import_renderers() -> Any:
     except ImportError as e:  # the optional extra
         raise TemplateError(f"this chat format needs the package 'renderers' (pip install 'tau-rollout[families]'): {e}") from None
     return renderers
+
+
+def renderer_config(chat_format: str, config_class: str, template_kwargs: dict[str, Any] | None, flag: str, flag_default: bool,
+                    defaults: dict[str, Any] | None = None) -> Any:
+    """The typed renderer config ``renderers.<config_class>``: the format's ``defaults`` with
+    ``template_kwargs`` (the template's kwargs, e.g. ``enable_thinking``) over them, and bridges
+    allowed across user turns (``thinking_retention="all"``, which changes no full render).
+    ``flag``, the config's flag for earlier reasoning (``preserve_thinking``, ``drop_thinking``),
+    is dropped when it holds its default ``flag_default``: set explicitly it would imply
+    ``thinking_retention="tool_cycle"``, and renderers refuses the two together
+    (``configs._reject_thinking_retention_conflict``).
+
+    Raises:
+        TemplateError: ``renderers`` is missing, or the config refuses a kwarg (the message names
+            ``chat_format``, the config and the kwargs given).
+    """
+    kwargs = {**(defaults or {}), **(template_kwargs or {})}
+    if flag in kwargs and kwargs[flag] is flag_default:
+        kwargs.pop(flag)
+    try:
+        return getattr(import_renderers(), config_class)(**kwargs, thinking_retention="all")
+    except ValueError as e:
+        raise TemplateError(f"chat format {chat_format} ({config_class}): template kwargs {sorted(template_kwargs or {})} "
+                            f"refused: {e}") from None
 
 
 def make_renderer(tokenizer: Any, config: Any) -> Any:
@@ -397,3 +422,14 @@ class RenderersFormat:
                 if calls != want_calls or got.content != want["content"] or not reasoning_ok:
                     rep.problems.append(f"chat format {self.syntax.name}: the renderer's own '{ak}' turn parses back (from {how}) "
                                         f"as {got!r}, not as it was rendered")
+
+
+def renderers_format_info(name: str, factory: ChatFormatFactory, detect: Callable[[Any], bool], *, detection: str, vocabulary: str,
+                          renderer: str, note: str) -> FormatInfo:
+    """The registry entry of a family rendered by ``renderers`` (:class:`RenderersFormat`): its
+    :class:`~rollout.core.formats.registry.FormatInfo` with ``renderer`` shown as
+    ``renderers.<renderer>`` (the class, then how it renders), ``tested`` (the suite runs it
+    against its ``builtin:<vocabulary>``, shipped on PyPI) and ``note`` followed by
+    ``; needs the extra 'families' (renderers)``."""
+    return FormatInfo(name=name, factory=factory, detect=detect, detection=detection, vocabulary=vocabulary,
+                      renderer=f"renderers.{renderer}", tested=True, note=f"{note}; needs the extra 'families' (renderers)")

@@ -76,6 +76,13 @@ Which workers: ``worker_urls`` from the config, else the workers the router list
 /workers``, sglang-router 0.3.2's answer ``{"workers": [{"url", "is_healthy", ...}]}``), re-read
 every :data:`~rollout.core.policy.kvreadings.WORKERS_REFRESH_POLLS` polls, at every poll while the
 list could not be read or the router counts a worker unhealthy.
+
+**vLLM.** The same gate reads vLLM's own figures when the client speaks vLLM (``policy.engine:
+vllm``; :data:`~rollout.core.policy.vllm.VLLM_KV_METRICS`): ``vllm:kv_cache_usage_perc`` (a 0..1
+share despite its name; used blocks over the pool's blocks less one), ``vllm:num_preemptions_total``
+(vLLM's preemption is SGLang's retraction: the request's KV is dropped and recomputed) and the KV
+pool's size in tokens, which vLLM reports only as the label ``kv_cache_size_tokens`` of its info
+gauge ``vllm:cache_config_info``. vllm-router lists its workers in the same ``GET /workers`` shape.
 """
 
 from __future__ import annotations
@@ -88,9 +95,9 @@ from typing import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from rollout.core.adaptive import AdaptiveConcurrencyConfig
 from rollout.core.choices import KVSignal, Placement
-from rollout.core.policy.kvreadings import WorkerReader
+from rollout.core.config import AdaptiveConcurrencyConfig
+from rollout.core.policy.kvreadings import SGLANG_KV_METRICS, KVMetrics, WorkerReader
 from rollout.core.policy.kvslots import AnswerLengths, Slot, Ticket, my_workers
 
 __all__ = ["KEYS_KEPT", "KVGate", "Ticket"]
@@ -119,6 +126,8 @@ class KVGate:
             (:func:`~rollout.core.policy.kvslots.my_workers`): with at least as many workers as
             actors, worker ``w`` is used by actor ``w % actors`` alone (all its KV); with fewer,
             actor ``a`` uses worker ``a % workers``, sharing its KV with the other actors that do.
+        metrics: where the engine's ``/metrics`` holds the usage, the retractions and the KV size
+            (:class:`~rollout.core.policy.kvreadings.KVMetrics`; default SGLang's names).
 
     Raises:
         ValueError: ``actor`` outside ``[0, actors)``.
@@ -143,7 +152,7 @@ class KVGate:
 
     def __init__(self, cfg: AdaptiveConcurrencyConfig, session: aiohttp.ClientSession,
                  list_workers: Callable[[], Awaitable[Mapping[str, bool]]] | None = None,
-                 api_key: str | None = None, actor: int = 0, actors: int = 1) -> None:
+                 api_key: str | None = None, actor: int = 0, actors: int = 1, metrics: KVMetrics = SGLANG_KV_METRICS) -> None:
         if not 0 <= actor < actors:
             raise ValueError(f"actor must be in [0, {actors}), got {actor}")
         self.cfg = cfg
@@ -152,7 +161,7 @@ class KVGate:
         self.per_worker = cfg.placement == Placement.GATE
         self.answers = AnswerLengths()
         self.session = session
-        self._reader = WorkerReader(session, cfg.timeout_s, cfg.worker_urls, list_workers, api_key)
+        self._reader = WorkerReader(session, cfg.timeout_s, cfg.worker_urls, list_workers, api_key, metrics)
         self._first = asyncio.Event()  # set once the first poll is done: calls wait for it
         self._task: asyncio.Task | None = None
         self.readings: dict[str, float | None] = {}

@@ -11,7 +11,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from rollout.core.adaptive import AdaptiveConcurrencyConfig
+from rollout.core.config import AdaptiveConcurrencyConfig
 
 __all__ = ["ANSWERS_KEPT", "ANSWER_QUANTILE", "EXPECTED_AFTER", "AnswerLengths", "Slot", "Ticket", "my_workers"]
 

@@ -40,6 +40,10 @@ class Generation:
         interrupted: the call ended with ``finish_type == "abort"`` because the pool paused
             generation for a weight update (see :class:`~rollout.core.policy.resilience.GenerationGate`),
             not for another reason.
+        weight_spans: ``None`` when every id was sampled by ``weight_version``; else the call
+            crossed a weight update (vLLM under a pause that keeps requests: ``/pause?mode=keep``)
+            and this lists ``(start, end, version)`` over ``ids``, in order, covering them
+            (``weight_version`` is then the last span's).
     """
 
     ids: list[int]
@@ -50,6 +54,15 @@ class Generation:
     meta: dict = field(default_factory=dict)
     weight_version: str | None = None
     interrupted: bool = False
+    weight_spans: list[tuple[int, int, str | None]] | None = None
+
+    def pieces(self) -> list[tuple[list[int], list[float], str | None]]:
+        """``(ids, log_probs, weight_version)`` per weight version, in order: one piece, or one
+        per span of :attr:`weight_spans` (what the trajectory records as separate spans, so that
+        every token keeps the version that sampled it)."""
+        if not self.weight_spans:
+            return [(self.ids, self.log_probs, self.weight_version)]
+        return [(self.ids[a:b], self.log_probs[a:b], v) for a, b, v in self.weight_spans]
 
 
 @runtime_checkable
@@ -80,7 +93,9 @@ class PolicyClient(Protocol):
       end-of-turn ids is closed by the loop (mask 0), whatever the finish type.
     * **Weight version.** ``weight_version``: the version of the weights that sampled the ids (a
       string, e.g. the trainer's step), or ``None`` if unknown; recorded per call in the
-      sample's ``weight_versions`` and used for ``rollout.max_staleness``.
+      sample's ``weight_versions`` and used for ``rollout.max_staleness``. A call whose ids were
+      sampled by two versions (the engine kept it through a weight update) says which ids each
+      sampled in ``weight_spans``; the loop records each span with its own version.
     * **Interruptions by a weight update.** When the trainer pauses generation to load new
       weights and the engine aborts a request that was out, return what it had sampled so far
       (possibly nothing) with ``finish_type="abort"`` and ``interrupted=True``, rather than

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -19,11 +21,25 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from rollout.core.config import Config
 from rollout.core.environment import domain_key
 from rollout.core.pool.raymetrics import RayRecorder
-from rollout.core.records import EpisodeSpec
+from rollout.core.records import EpisodeSpec, TaskIssue
+from rollout.core.registry import registered_paths, restore_paths
 from rollout.core.startup import PreflightError, check_ray_address
-from rollout.core.worker import RolloutWorker
+from rollout.core.worker import RolloutWorker as _Worker
 
 logger = logging.getLogger(__name__)
+
+
+class RolloutWorker(_Worker):
+    """The rollout actor: a :class:`rollout.core.worker.RolloutWorker` built after the driver's
+    registry path entries (``registry_paths``, :func:`rollout.core.registry.registered_paths`) are
+    registered in the actor's process, so that a benchmark, chat format or context strategy
+    registered by path in the driver is found there too (same name: the actor's process is
+    ``ray::RolloutWorker``)."""
+
+    def __init__(self, *args: Any, registry_paths: Mapping[str, Mapping[str, str]] | None = None, **kwargs: Any):
+        restore_paths(registry_paths or {})
+        super().__init__(*args, **kwargs)
+
 
 RemoteRolloutWorker = ray.remote(RolloutWorker)
 # True: a new local Ray cluster prestarts its idle task workers, as before issue 23 (see _init_ray;
@@ -107,12 +123,18 @@ class ActorSet:
         actors: the actor handles (empty before :meth:`launch` and after :meth:`close`).
         gcs_address: the Ray head's ``host:port`` once started (``None``: unknown, no head-loss
             detection).
+        task_ids: every task id of the actors' domain, in the benchmark's order, once they are
+            ready (:meth:`wait_ready`; ``None`` before).
+        task_issues: ``{task id: its open issues}`` for the domain's tasks that have any
+            (:meth:`RolloutWorker.domain_open_issues`), once the actors are ready (empty before).
     """
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.actors: list = []
         self.gcs_address: str | None = None
+        self.task_ids: list[str] | None = None
+        self.task_issues: dict[str, list[TaskIssue]] = {}
 
     def launch(self, env_vars: dict[str, str]) -> None:
         """Connect to (or start) Ray and create the actors, without waiting for them: each
@@ -140,6 +162,7 @@ class ActorSet:
         opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0,
                     runtime_env={"env_vars": env_vars})
         domain = domain_key(self.cfg.env.benchmark, self.cfg.env.domain)
+        paths = registered_paths()  # what the driver registered by path, registered in each actor first
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
@@ -148,6 +171,8 @@ class ActorSet:
                 # its metrics, tagged with its index (made in the actor's process, kept by a restart);
                 # None (pool.metrics=false): the worker records nothing
                 recorder=RayRecorder({"domain": domain, "actor": str(i)}) if p.metrics else None,
+                reward_shaping=self.cfg.rollout.reward_shaping,
+                registry_paths=paths,
             )
             for i in range(p.num_actors)
         ]
@@ -157,7 +182,8 @@ class ActorSet:
             self.gcs_address = None
 
     def wait_ready(self) -> list[dict]:
-        """Wait until every actor :meth:`launch` created is ready; returns each one's ``info()``.
+        """Wait until every actor :meth:`launch` created is ready; returns each one's ``info()``
+        (and keeps the domain's task ids, from the first actor, in :attr:`task_ids`).
 
         Raises:
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
@@ -166,8 +192,10 @@ class ActorSet:
         """
         p = self.cfg.pool
         try:
-            answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors])
-            infos, loops = answers[:len(self.actors)], answers[len(self.actors):]
+            answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors]
+                              + [self.actors[0].domain_task_ids.remote(), self.actors[0].domain_open_issues.remote()])
+            n = len(self.actors)
+            infos, loops, self.task_ids, self.task_issues = answers[:n], answers[n:2 * n], answers[-2], answers[-1]
         except RayActorError as e:
             raise RuntimeError(f"a rollout actor failed to start: {e}") from None
         wrong = [(i["pid"], k) for i, k in zip(infos, loops) if k != p.event_loop]

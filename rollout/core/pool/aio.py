@@ -38,10 +38,11 @@ from rollout.core.records import InteractionResult, TrainingSample
 
 
 class AsyncPoolAPI:
-    """The async calls of :class:`rollout.core.pool.RolloutPool` (see the module docstring).
+    """The async calls of :class:`rollout.core.pool.RolloutPool` (see the module docstring), and
+    the group collection its ``collect_groups`` shares with them (:meth:`_collect_groups`).
 
     The pool provides the step runner, the streams, the weight sync and ``cancel_outstanding``
-    (the annotations below).
+    (the annotations below). :class:`rollout.core.pool.replay.ReplayPool` mixes it in too.
     """
 
     _runner: StepRunner
@@ -96,12 +97,40 @@ class AsyncPoolAPI:
             TimeoutError: ``timeout_s`` seconds passed without an episode delivered.
             rollout.core.pool.errors.RunAborted: as :meth:`results_async`.
         """
-        step = self._streams.collect(num_groups, task_source, n_samples_per_task, max_outstanding_groups)
+        step = self._collect_step(num_groups, task_source, n_samples_per_task, max_outstanding_groups)
         while not await self._runner.run_sliced(step, timeout_s):
             pass
         if abort_surplus:
             await self.cancel_outstanding_async(timeout_s)
         return self._streams.take_groups(num_groups)
+
+    def _collect_step(self, num_groups: int, task_source: Iterator[str] | None, n_samples_per_task: int | None,
+                      max_outstanding_groups: int | None) -> Callable[[float | None], bool]:
+        """The step of one ``collect_groups`` call, sync or async
+        (:meth:`~rollout.core.pool.streams.TrainingStreams.collect`); a pool that reads no task
+        source overrides it (the replay: the journal's groups are the tasks).
+
+        Raises:
+            ValueError: ``num_groups < 1``.
+        """
+        return self._streams.collect(num_groups, task_source, n_samples_per_task, max_outstanding_groups)
+
+    def _collect_groups(self, num_groups: int, task_source: Iterator[str] | None, n_samples_per_task: int | None,
+                        abort_surplus: bool, max_outstanding_groups: int | None, timeout_s: float | None) -> list[list[TrainingSample]]:
+        """The synchronous ``collect_groups`` of both pools: :meth:`_collect_step` run under the
+        lock until it is done, then with ``abort_surplus`` the pool's ``cancel_outstanding``, then
+        the first ``num_groups`` groups taken.
+
+        Raises:
+            ValueError: ``num_groups < 1``.
+            TimeoutError: no episode ended within ``timeout_s`` seconds.
+        """
+        step = self._collect_step(num_groups, task_source, n_samples_per_task, max_outstanding_groups)
+        with self._runner.lock:
+            self._runner.until(step, timeout_s)
+            if abort_surplus:
+                self.cancel_outstanding(timeout_s=timeout_s)
+            return self._streams.take_groups(num_groups)
 
     async def cancel_outstanding_async(self, timeout_s: float | None = 120.0) -> int:
         """:meth:`cancel_outstanding` in a worker thread; returns how many episodes were
@@ -126,7 +155,7 @@ class AsyncPoolAPI:
 
         Raises:
             ValueError: ``weight_version`` is not an integer.
-            rollout.core.policy.sglang.WeightSyncError: a worker failed the update or reports
+            rollout.core.policy.WeightSyncError: a worker failed the update or reports
                 another version (generation stays paused), as :meth:`update_weights_from_disk`.
         """
         return await self._runner.call_async(self._weights.update_weights_from_disk, model_path, weight_version)

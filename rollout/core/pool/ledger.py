@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from rollout.core.groups import Rerun, rerun_episode_id
 from rollout.core.metrics import EpisodeMetrics
-from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
+from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TaskIssue, TrainingSample
 from rollout.core.telemetry.probes import DeliveryMetrics
 from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
 
@@ -64,6 +64,9 @@ class EpisodeLedger:
         weight_version: ``() -> int``, the trainer's current weight version, journaled with each
             delivered episode (what staleness is judged against: a replay reproduces it); ``None``:
             not journaled.
+        task_issues: ``(task id) -> its open issues`` (or None), for delivered results that carry none yet
+            (the pool's own ``actor_lost`` and ``cancelled`` records; the actors' results carry
+            theirs); ``None``: they get none.
 
     Attributes:
         counts: the episode counters (every key of :data:`POOL_COUNTERS` and ``status_<status>``
@@ -71,8 +74,10 @@ class EpisodeLedger:
     """
 
     def __init__(self, to_sample: Callable[[InteractionResult], TrainingSample] = InteractionResult.to_sample,
-                 recorder: Recorder | None = None, weight_version: Callable[[], int] | None = None):
+                 recorder: Recorder | None = None, weight_version: Callable[[], int] | None = None,
+                 task_issues: Callable[[str], list[TaskIssue]] | None = None):
         self._to_sample = to_sample
+        self._task_issues = task_issues
         self._metrics = DeliveryMetrics(recorder if recorder is not None else NULL_RECORDER)
         self._weight_version = weight_version
         self._submitted: set[str] = set()
@@ -137,8 +142,19 @@ class EpisodeLedger:
     def deliver(self, result: InteractionResult, journal: bool = True) -> Delivery:
         """Mark ``result``'s episode delivered, count it, and (with ``journal`` and a journal
         attached) journal its sample, durable at the next :meth:`commit`. The caller checked
-        :meth:`is_delivered` first, and commits before it hands the delivery out."""
+        :meth:`is_delivered` first, and commits before it hands the delivery out.
+
+        Raises:
+            rollout.core.jsonl.OutputWriteError: the journal refused the line; the episode is not
+                delivered (nothing counted).
+        """
+        d = Delivery(result, self._to_sample)
+        if journal and self._journal is not None:  # durable at the next commit(), before it is handed out
+            version = None if self._weight_version is None else self._weight_version()
+            self._journal.record(d.sample, weight_version=version, sync=False)
         self._delivered.add(result.spec.episode_id)
+        if result.task_issues is None:
+            result.task_issues = list((self._task_issues(result.spec.task_id) if self._task_issues is not None else None) or [])
         c = self.counts
         c["episodes_delivered"] += 1
         c[f"status_{result.status.value}"] += 1
@@ -150,10 +166,6 @@ class EpisodeLedger:
         if m.restarted_turns:
             c["episodes_restarted"] += 1
         self._metrics.delivered(result)
-        d = Delivery(result, self._to_sample)
-        if journal and self._journal is not None:  # durable at the next commit(), before it is handed out
-            version = None if self._weight_version is None else self._weight_version()
-            self._journal.record(d.sample, weight_version=version, sync=False)
         return d
 
     def commit(self) -> None:

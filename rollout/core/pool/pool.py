@@ -70,15 +70,15 @@ from rollout.core.pool.steps import END, StepRunner
 from rollout.core.pool.streams import Feed, TrainingStreams
 from rollout.core.pool.weights import PAUSE_MODES, PauseReport, WeightCycleAPI, WeightSync  # noqa: F401
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
+from rollout.core.tasks import TaskSelection, check_known_task_ids
 from rollout.core.telemetry.recorder import NULL_RECORDER
 
 logger = logging.getLogger(__name__)
 
 
 class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
-    """Ray actor pool running tau2 episodes (see the module docstring); the weight-update calls
-    come from :class:`~rollout.core.pool.weights.WeightCycleAPI`, the async calls from
-    :class:`~rollout.core.pool.aio.AsyncPoolAPI`.
+    """Ray actor pool running tau2 episodes (see the module docstring); the weight-update calls come
+    from :class:`~rollout.core.pool.weights.WeightCycleAPI`, the async calls from :class:`~rollout.core.pool.aio.AsyncPoolAPI`.
 
     Args:
         cfg: the whole config; ``cfg.policy.router_url`` must be set (:func:`rollout.open_pool`
@@ -91,6 +91,7 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             episodes in flight per actor, retries, exclusions, groups, weight updates and
             pauses. Each actor records its own (docs/observability.md). With
             ``pool.metrics=false``, ``NULL_RECORDER`` here and in the actors: nothing is recorded.
+        task_selection: the tasks :func:`rollout.open_pool` selected (run, skipped), else ``None``.
 
     Raises:
         ValueError: ``policy.router_url`` is not set.
@@ -100,19 +101,21 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         if not cfg.policy.router_url:
             raise ValueError("policy.router_url must be resolved before starting the pool")
         self.cfg = cfg
+        self.task_selection: TaskSelection | None = None  # set by open_pool
         # pool.metrics=false: the null recorder, here and in the actors
         self.recorder = RayRecorder({"domain": domain_key(cfg.env.benchmark, cfg.env.domain)}) if cfg.pool.metrics else NULL_RECORDER
         self._actors = ActorSet(cfg)
         keep = cfg.rollout.keep_messages
         self._ledger = EpisodeLedger(lambda result: result.to_sample(messages=keep), recorder=self.recorder,
-                                     weight_version=lambda: self._weights.weight_version)
+                                     weight_version=lambda: self._weights.weight_version, task_issues=lambda t: self._actors.task_issues.get(t, []))
         self._weights = WeightSync(cfg, self._actors, healthy=lambda: self._scheduler.healthy(), recorder=self.recorder)
         self._scheduler = Scheduler(cfg.pool, self._actors, self._ledger, on_actor_back=self._weights.actor_back, recorder=self.recorder)
         self._streams = TrainingStreams(cfg, Feed(next_delivery=self._scheduler.next_delivery, resubmit=self._resubmit,
                                                   submit_tasks=self.submit_tasks, weight_version=lambda: self._weights.weight_version,
                                                   num_outstanding=lambda: self.num_outstanding), recorder=self.recorder)
         # every call commits the journal before it returns: what it delivered is durable first
-        self._runner = StepRunner(progress=lambda: self._ledger.counts["episodes_delivered"], on_release=self._ledger.commit)
+        self._runner = StepRunner(progress=lambda: self._ledger.counts["episodes_delivered"], on_release=self._ledger.commit,
+                                  on_write_error=self._scheduler.stop_on_write_error)
         self._batch_counter = itertools.count()
         self._launched = False  # the actors were created (start(wait=False))
         self._started = False  # ... and are ready
@@ -183,6 +186,9 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         """Queue episodes. All samples of a group must be submitted in one call (the group's size
         is the number of its specs here). Returns the specs.
 
+        Specs are queued as they are: one whose task the domain lacks runs and is delivered as
+        ``env_error`` (:meth:`submit_tasks` refuses such a task instead).
+
         Raises:
             ValueError: an episode id or a group id was already submitted (nothing is queued).
         """
@@ -201,8 +207,16 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         episodes' ``weight_version`` defaults to the trainer's current one).
 
         Each call gets a fresh group prefix so the same task can be submitted again later.
+
+        Raises:
+            rollout.core.config.TaskSelectionError: a task the domain lacks (checked once the
+                actors are ready: they know its tasks), one line with the valid ids; nothing is
+                queued (a ``ValueError`` and a ``KeyError``).
         """
         r = self.cfg.rollout
+        task_ids = [str(t) for t in task_ids]
+        check_known_task_ids(task_ids, self._actors.task_ids, f"{self.cfg.env.benchmark} domain {self.cfg.env.domain}",
+                             key="RolloutPool.submit_tasks")
         with self._runner.lock:
             specs = make_specs(self.cfg.env.domain, task_ids, n_samples_per_task or r.n_samples_per_task, seed=r.seed,
                                weight_version=self.weight_version if weight_version is None else weight_version,
@@ -347,12 +361,7 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             ValueError: ``num_groups < 1``.
             TimeoutError: no episode ended within ``timeout_s``.
         """
-        step = self._streams.collect(num_groups, task_source, n_samples_per_task, max_outstanding_groups)
-        with self._runner.lock:
-            self._runner.until(step, timeout_s)
-            if abort_surplus:
-                self.cancel_outstanding(timeout_s=timeout_s)
-            return self._streams.take_groups(num_groups)
+        return self._collect_groups(num_groups, task_source, n_samples_per_task, abort_surplus, max_outstanding_groups, timeout_s)
 
     def cancel_outstanding(self, timeout_s: float | None = 120.0) -> int:
         """Cancel every episode not delivered yet and deliver it (as ``cancelled`` unless it
@@ -368,7 +377,7 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
             self._ledger.journal_cancel(self.weight_version)  # where a replay cancels (rollout.core.pool.replay)
             self._streams.abandon_open_groups()
             for spec in self._scheduler.take_pending():  # never started: cancelled here (not journaled: a resume runs them)
-                r = InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
+                r = InteractionResult.failed(spec, EpisodeStatus.CANCELLED, "cancelled")
                 self._streams.add(self._ledger.deliver(r, journal=False))
             self._actors.cancel(self._scheduler.in_flight_by_actor())
             while self._streams.pump(timeout_s):

@@ -35,7 +35,7 @@ import collections
 import logging
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from rollout.core.config import Config
 from rollout.core.groups import Excluded, TrainingPolicy
@@ -319,28 +319,18 @@ class ReplayPool(WeightCycleAPI, AsyncPoolAPI):
         Raises:
             ValueError: ``num_groups < 1``.
         """
-        step = self._streams.collect(num_groups, None, n_samples_per_task, max_outstanding_groups)
-        with self._runner.lock:
-            self._runner.until(step, timeout_s)
-            if abort_surplus:
-                self.cancel_outstanding(timeout_s=timeout_s)
-            return self._streams.take_groups(num_groups)
+        return self._collect_groups(num_groups, task_source, n_samples_per_task, abort_surplus, max_outstanding_groups, timeout_s)
 
-    async def collect_groups_async(self, num_groups: int, task_source: Iterator[str] | None = None, *, n_samples_per_task: int | None = None,
-                                   abort_surplus: bool = True, max_outstanding_groups: int | None = None,
-                                   timeout_s: float | None = None) -> list[list[TrainingSample]]:
-        """:meth:`collect_groups` for a caller on an event loop (in slices, in a worker thread, as
-        :meth:`rollout.core.pool.RolloutPool.collect_groups_async`).
+    def _collect_step(self, num_groups: int, task_source: Iterator[str] | None, n_samples_per_task: int | None,
+                      max_outstanding_groups: int | None) -> Callable[[float | None], bool]:
+        """The step of :meth:`collect_groups` and ``collect_groups_async``
+        (:meth:`~rollout.core.pool.aio.AsyncPoolAPI.collect_groups_async`, in slices, in a worker
+        thread): ``task_source`` is not read, the journal's groups are the tasks.
 
         Raises:
             ValueError: ``num_groups < 1``.
         """
-        step = self._streams.collect(num_groups, None, n_samples_per_task, max_outstanding_groups)
-        while not await self._runner.run_sliced(step, timeout_s):
-            pass
-        if abort_surplus:
-            await self.cancel_outstanding_async(timeout_s)
-        return self._streams.take_groups(num_groups)
+        return self._streams.collect(num_groups, None, n_samples_per_task, max_outstanding_groups)
 
     def cancel_outstanding(self, timeout_s: float | None = 120.0) -> int:
         """Replay the run's ``cancel_outstanding`` if it made one here (see

@@ -82,7 +82,7 @@ def result_from_sample(sample: TrainingSample) -> InteractionResult:
                           rollout_log_probs=list(sample.rollout_log_probs), weight_versions=list(sample.weight_versions),
                           generation_spans=[(int(a), int(b)) for a, b in sample.generation_spans], segment_starts=list(sample.segment_starts))
     return InteractionResult(spec, EpisodeStatus(sample.status), float(sample.reward), traj, messages=list(sample.messages or []),
-                             metadata=dict(m))
+                             metadata=dict(m), raw_reward=float(sample.raw_reward), task_issues=list(sample.task_issues))
 
 
 def _is_rerun(episode_id: str) -> bool:
@@ -306,7 +306,7 @@ class ReplayFeed:
                 continue
             self._asked.pop(spec.episode_id, None)
             self._open_specs.pop(spec.episode_id, None)
-            result = InteractionResult(spec, EpisodeStatus.CANCELLED, 0.0, None, metadata={"termination_reason": "cancelled", "error": None})
+            result = InteractionResult.failed(spec, EpisodeStatus.CANCELLED, "cancelled")
             self._queue.append(self.ledger.deliver(result, journal=False))  # as the run did: never journaled
         self.ledger.count("episodes_cancelled_outstanding", len(specs))
         logger.info("replay: cancel_outstanding of the run: %d episode(s) outstanding (%d never started)", len(specs), len(self._queue))

@@ -17,21 +17,33 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import re
 import time
 from typing import Callable
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
 from rollout.core.config import PoolConfig
+from rollout.core.jsonl import OutputWriteError
 from rollout.core.pool.actors import ActorSet
-from rollout.core.pool.errors import NoHealthyActorError, RayHeadLostError, RunInterrupted
+from rollout.core.pool.errors import JournalWriteError, NoHealthyActorError, RayHeadLostError, RunInterrupted
 from rollout.core.pool.ledger import Delivery, EpisodeLedger
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.recorder import NULL_RECORDER, Instrument, Recorder
 
 logger = logging.getLogger(__name__)
+
+_OOM = re.compile(r"low on memory|out of memory|OUT_OF_MEMORY", re.IGNORECASE)
+
+
+def death_cause(e: BaseException) -> str:
+    """The class name of a Ray error that ended an episode's task, and, when Ray's memory monitor
+    killed the worker (Ray's message says its node ran low on memory), that cause."""
+    if isinstance(e, OutOfMemoryError) or _OOM.search(str(e)):
+        return f"{type(e).__name__} (killed by Ray's memory monitor: its node ran low on memory)"
+    return type(e).__name__
 
 # The Ray head (GCS) unreachable this long ends the run (Ray itself kills a driver whose GCS is
 # gone for 60 s, gcs_rpc_server_reconnect_timeout_s, before it could write anything).
@@ -165,7 +177,7 @@ class Scheduler:
                 result = self._late.popleft()
                 if self._ledger.is_delivered(result.spec.episode_id):
                     continue
-                return self._ledger.deliver(result)
+                return self._deliver(result)
             self._check_interrupt()
             self.dispatch()
             self._check_health()
@@ -198,11 +210,20 @@ class Scheduler:
                 if self._ledger.is_delivered(spec.episode_id):
                     logger.warning("episode %s: dropping a duplicate result", spec.episode_id)
                     continue
-                return self._ledger.deliver(result)
+                return self._deliver(result)
             self._reclaim_overdue()
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"no episode finished within {timeout_s}s ({len(self._inflight)} in flight)")
         return None
+
+    def _deliver(self, result: InteractionResult):
+        """The ledger's delivery of ``result``; when the journal refuses its line, the result is
+        kept back (so that :meth:`abort` hands its spec back) and the error propagates."""
+        try:
+            return self._ledger.deliver(result)
+        except OutputWriteError:
+            self._late.appendleft(result)
+            raise
 
     def _collect(self, ref, spec: EpisodeSpec, actor_index: int) -> InteractionResult | None:
         """The result of a finished ``run`` task, or ``None`` when its attempt failed and was
@@ -211,11 +232,11 @@ class Scheduler:
         try:
             return ray.get(ref, timeout=60)
         except RayActorError as e:
-            err = f"actor lost: {e.__class__.__name__}"
+            err = f"actor lost: {death_cause(e)}"
         except RayTaskError as e:  # RolloutWorker.run never raises; this is a serialisation or Ray failure
             err = f"actor task failed: {str(e)[:300]}"
-        except Exception as e:  # ObjectLostError, OwnerDiedError, TaskCancelledError, GetTimeoutError, ...
-            err = f"{e.__class__.__name__}: {str(e)[:300]}"
+        except Exception as e:  # ObjectLostError, OwnerDiedError, TaskCancelledError, GetTimeoutError, OutOfMemoryError, ...
+            err = f"{death_cause(e)}: {str(e)[:300]}"
         return self._fail_attempt(spec, actor_index, err)
 
     def _fail_attempt(self, spec: EpisodeSpec, actor_index: int, err: str) -> InteractionResult | None:
@@ -232,7 +253,7 @@ class Scheduler:
             self._pending.appendleft(retry)
             return None
         logger.error("episode %s: %s; out of retries", spec.episode_id, err)
-        return InteractionResult(spec, EpisodeStatus.ACTOR_LOST, 0.0, None, metadata={"termination_reason": "actor_lost", "error": err})
+        return InteractionResult.failed(spec, EpisodeStatus.ACTOR_LOST, "actor_lost", err)
 
     def _reclaim_overdue(self) -> None:
         """An episode task out longer than ``pool.episode_timeout_s`` + :data:`OVERDUE_GRACE_S`
@@ -324,6 +345,15 @@ class Scheduler:
         self._load = [0] * len(self._actors.actors)
         self._publish()
         return self._ledger.hand_back(specs)
+
+    def stop_on_write_error(self, e: OutputWriteError) -> JournalWriteError:
+        """The journal refused a write (``e``): stop the run, every undelivered episode cancelled
+        on its actor (:meth:`abort`), and return the error that says so (the pool's runner raises
+        it under its lock, :class:`~rollout.core.pool.steps.CommitLock`)."""
+        undelivered = self.abort(cancel_on_actors=True)
+        logger.error("the run journal cannot be written (%s): the run stops, %d episode(s) not delivered", e, len(undelivered))
+        return JournalWriteError(f"{e}; the run stops with {len(undelivered)} episode(s) not delivered (every episode journaled "
+                                 "before is kept): free space, then resume", undelivered, str(e.path), e.disk_full)
 
     def clear(self) -> None:
         """Forget the queued and running episodes (the actors are being shut down)."""

@@ -6,7 +6,10 @@ call holds :attr:`StepRunner.lock` (a re-entrant lock) while it works: synchrono
 caller's thread, asynchronous ones in a worker thread (``asyncio.to_thread``), never both at once.
 When the outermost hold of the lock ends, the runner's ``on_release`` runs first (the pool's:
 commit the run journal, so that every episode a call delivered is durable before the call returns
-it; one ``fsync`` per call, see :mod:`rollout.core.journal`).
+it; one ``fsync`` per call, see :mod:`rollout.core.journal`). A journal write the operating system
+refused (:class:`~rollout.core.jsonl.OutputWriteError`: the disk is full), in the call or in that
+commit, is turned there, still under the lock, into the runner's ``on_write_error`` exception (the
+pool's: stop the run, :class:`~rollout.core.pool.errors.JournalWriteError`).
 An async stream or ``collect_groups`` runs its synchronous step in slices of at most
 :data:`SLICE_S` seconds, so the lock is free between slices and another call (a pause, a weight
 update, a submission) gets in within about that long.
@@ -24,6 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Generic, TypeVar
 
+from rollout.core.jsonl import OutputWriteError
 from rollout.core.pool.errors import RunAborted
 
 # The longest one slice of an async stream holds the pool's lock waiting for an episode (seconds).
@@ -46,12 +50,18 @@ class CommitLock:
 
     Args:
         on_release: what to do before the lock is let go (``None``: nothing).
+        on_write_error: when the outermost hold ends with an
+            :class:`~rollout.core.jsonl.OutputWriteError` (raised in the ``with`` block or by
+            ``on_release``), called with it, still holding the lock; the exception it returns is
+            raised instead (``None``: the error propagates as it is).
     """
 
-    def __init__(self, on_release: Callable[[], None] | None = None):
+    def __init__(self, on_release: Callable[[], None] | None = None,
+                 on_write_error: Callable[[OutputWriteError], BaseException] | None = None):
         self._lock = threading.RLock()
         self._depth = 0  # holds by the owning thread (only the owner changes it)
         self._on_release = on_release
+        self._on_write_error = on_write_error
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         got = self._lock.acquire(blocking, timeout)
@@ -71,8 +81,22 @@ class CommitLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._depth > 1 or self._on_write_error is None:
+            self.release()
+            return
+        failure = exc if isinstance(exc, OutputWriteError) else None
+        try:  # the outermost hold: commit, and turn a refused write into on_write_error's exception, under the lock
+            if self._on_release is not None:
+                try:
+                    self._on_release()
+                except OutputWriteError as e:
+                    failure = failure or e
+            if failure is not None:
+                raise self._on_write_error(failure) from failure
+        finally:
+            self._depth -= 1
+            self._lock.release()
 
 
 class StepRunner:
@@ -83,10 +107,12 @@ class StepRunner:
             one resets the caller's ``timeout_s`` clock.
         on_release: called, under the lock, whenever a call's outermost hold of it ends (the
             pool commits its journal there); ``None``: nothing.
+        on_write_error: see :class:`CommitLock` (the pool stops the run there).
     """
 
-    def __init__(self, progress: Callable[[], int], on_release: Callable[[], None] | None = None):
-        self.lock = CommitLock(on_release)
+    def __init__(self, progress: Callable[[], int], on_release: Callable[[], None] | None = None,
+                 on_write_error: Callable[[OutputWriteError], BaseException] | None = None):
+        self.lock = CommitLock(on_release, on_write_error)
         self._progress = progress
         self._unseen: RunAborted | None = None
 

@@ -1,12 +1,14 @@
 """Weight sync: the pause / resume / update-weights cycle of the policy servers behind the router.
 
-:class:`WeightSync` closes every healthy actor's generation gate (new ``/generate`` calls wait),
-then calls SGLang's ``/pause_generation``, ``/continue_generation`` and
-``/update_weights_from_disk`` on every worker the router lists, through a
-:class:`~rollout.core.policy.RouterAdmin` that runs on a private event loop in a thread of its
-own (:class:`AdminLoop`): the pool's API is synchronous, and a trainer may call it from inside an
-event loop of its own. In-flight episodes are held, not ended; a turn the pause interrupted
-becomes what ``rollout.partial_rollout`` says.
+:class:`WeightSync` closes every healthy actor's generation gate (new generate calls wait), then
+pauses, updates and resumes every worker the router lists, through the engine's admin
+(:class:`~rollout.core.policy.EngineAdmin` of ``policy.engine``'s wire: SGLang's
+``/pause_generation``, ``/update_weights_from_disk``, ``/continue_generation``; vLLM's ``/pause``,
+``/collective_rpc reload_weights`` + ``/update_weight_version`` + ``/reset_prefix_cache``,
+``/resume``) that runs on a private event loop in a thread of its own (:class:`AdminLoop`): the
+pool's API is synchronous, and a trainer may call it from inside an event loop of its own.
+In-flight episodes are held, not ended; a turn the pause interrupted becomes what
+``rollout.partial_rollout`` says.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any, Callable
 import aiohttp
 
 from rollout.core.config import Config
-from rollout.core.policy import RouterAdmin, api_key_from_env
+from rollout.core.policy import EngineAdmin, api_key_from_env
+from rollout.core.policy_engines import SGLANG, get_policy_engine
 from rollout.core.pool.actors import ActorSet
 from rollout.core.pool.specs import as_weight_version
 from rollout.core.pool.steps import StepRunner
+from rollout.core.pool.weight_repair import WeightUpdateReport, settle_update
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.recorder import NULL_RECORDER, Recorder
 
@@ -56,22 +60,24 @@ class PauseReport:
 
 
 class AdminLoop:
-    """A private event loop in a daemon thread (``rollout-pool-admin``) holding one
-    :class:`~rollout.core.policy.RouterAdmin` and its aiohttp session.
+    """A private event loop in a daemon thread (``rollout-pool-admin``) holding one engine's
+    :class:`~rollout.core.policy.EngineAdmin` and its aiohttp session.
 
     Args:
         router_url: ``http://host:port`` of the router.
         timeout_s: bound on each HTTP call to a worker, seconds.
         api_key: the bearer key (``None``: no header).
+        engine: ``policy.engine``, the wire whose admin it holds (SGLang's by default).
     """
 
-    def __init__(self, router_url: str, timeout_s: float, api_key: str | None = None):
+    def __init__(self, router_url: str, timeout_s: float, api_key: str | None = None, engine: str = SGLANG):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-pool-admin", daemon=True)
         self._thread.start()
+        wire = get_policy_engine(engine)
 
-        async def make() -> RouterAdmin:
-            return RouterAdmin(router_url, aiohttp.ClientSession(), timeout_s=timeout_s, api_key=api_key)
+        async def make() -> EngineAdmin:
+            return wire.admin(router_url, aiohttp.ClientSession(), timeout_s=timeout_s, api_key=api_key)
 
         self.admin = self.run(make)
 
@@ -103,7 +109,9 @@ class WeightSync:
 
     Attributes:
         last_pause: what the last :meth:`pause` met (``None`` before the first).
-        counts: ``weight_updates`` and ``generate_calls_paused``.
+        counts: ``weight_updates``, ``generate_calls_paused`` and, for half-done updates,
+            ``weight_updates_rolled_forward`` / ``_rolled_back`` / ``_split``.
+        last_update: what the last update some worker took did (``None`` before one).
     """
 
     def __init__(self, cfg: Config, actors: ActorSet, healthy: Callable[[], list[int]], recorder: Recorder | None = None):
@@ -114,11 +122,14 @@ class WeightSync:
         self._paused: str | None = None
         self._admin_loop: AdminLoop | None = None
         self.last_pause: PauseReport | None = None
-        self.counts: collections.Counter[str] = collections.Counter(weight_updates=0, generate_calls_paused=0)
+        self.counts: collections.Counter[str] = collections.Counter(weight_updates=0, generate_calls_paused=0, weight_updates_rolled_forward=0,
+                                                                     weight_updates_rolled_back=0, weight_updates_split=0)
         self._recorder = recorder if recorder is not None else NULL_RECORDER
         self._version_gauge = self._recorder.bind(R.WEIGHT_VERSION)
         self._update_s = self._recorder.bind(R.WEIGHT_UPDATE_DURATION)
         self._paused_at: float | None = None  # time.monotonic() when the pause began
+        self.last_update: WeightUpdateReport | None = None
+        self._served: dict[str, str | None] = {}  # worker URL -> the folder of the weights it serves (after an update)
 
     def publish(self) -> None:
         """Record the current weight version (the pool calls it once Ray is up: a record made
@@ -147,7 +158,8 @@ class WeightSync:
     def _admin(self) -> AdminLoop:
         if self._admin_loop is None:
             p = self.cfg.policy
-            self._admin_loop = AdminLoop(p.router_url, timeout_s=p.request_timeout_s, api_key=api_key_from_env(p.api_key_env))
+            self._admin_loop = AdminLoop(p.router_url, timeout_s=p.request_timeout_s, api_key=api_key_from_env(p.api_key_env),
+                                         engine=p.engine)
         return self._admin_loop
 
     def actor_back(self, index: int) -> None:
@@ -157,13 +169,15 @@ class WeightSync:
             self._actors.set_gates(False, [index])
 
     def pause(self, mode: str = "abort") -> list[str]:
-        """Close every healthy actor's gate, then ``POST /pause_generation {"mode": mode}`` on
-        every worker; returns the worker URLs once every worker has answered.
+        """Close every healthy actor's gate, then pause every worker (SGLang: ``POST
+        /pause_generation {"mode": mode}``; vLLM: ``POST /pause``, the mode mapped by
+        :data:`rollout.core.policy.vllm.PAUSE_QUERIES`); returns the worker URLs once every
+        worker has answered.
 
         Raises:
             ValueError: unknown ``mode``.
-            rollout.core.policy.sglang.WeightSyncError: a worker failed to pause.
-            rollout.core.policy.sglang.PolicyServerError: the router cannot list its workers.
+            rollout.core.policy.WeightSyncError: a worker failed to pause.
+            rollout.core.policy.PolicyServerError: the router cannot list its workers.
         """
         if mode not in PAUSE_MODES:
             raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
@@ -183,11 +197,11 @@ class WeightSync:
         return urls
 
     def resume(self) -> list[str]:
-        """``POST /continue_generation`` on every worker, then open every healthy actor's gate;
-        returns the worker URLs.
+        """Resume every worker (SGLang: ``POST /continue_generation``; vLLM: ``POST /resume``),
+        then open every healthy actor's gate; returns the worker URLs.
 
         Raises:
-            rollout.core.policy.sglang.WeightSyncError: a worker failed to continue.
+            rollout.core.policy.WeightSyncError: a worker failed to continue.
         """
         admin = self._admin()
         urls = admin.run(lambda: admin.admin.resume())
@@ -200,28 +214,32 @@ class WeightSync:
         return urls
 
     def update_weights_from_disk(self, model_path: str, weight_version: int | str) -> dict[str, dict]:
-        """Pause (``abort``), load ``model_path`` on every worker, check that every worker
-        reports ``weight_version``, take it as the current version, resume.
+        """Check the folder as the engine needs (vLLM: ``config.json`` and ``*.safetensors``, since
+        a failed reload kills a vLLM server), pause (``abort``), load ``model_path`` on every
+        worker, check that every worker reports ``weight_version``, take it as the current
+        version, resume.
 
         Returns:
-            Worker URL -> its answer (``success``, ``message``, ``num_paused_requests``).
+            Worker URL -> its answer (``success``, ``message``, and SGLang's ``num_paused_requests``
+            or vLLM's ``weight_version``).
 
         Raises:
             ValueError: ``weight_version`` is not an integer.
-            rollout.core.policy.sglang.WeightSyncError: a worker failed the update, or reports another
-                version afterwards; generation then stays paused.
+            rollout.core.policy.WeightSyncError: the engine refuses the folder (nothing
+                paused), a worker failed the update, or reports another version afterwards;
+                generation then stays paused. Some workers took it and the others failed it
+                even when sent again: rolled back
+                (:class:`~rollout.core.pool.weight_repair.HalfDoneUpdateError`, a ``WeightSyncError``).
         """
         version = as_weight_version(weight_version)
         t0 = time.monotonic()
-        urls = self.pause("abort")
         admin = self._admin()
-        answers = admin.run(lambda: admin.admin.update_weights_from_disk(model_path, str(version), urls))
-        seen = admin.run(lambda: admin.admin.weight_versions(urls))
-        wrong = {u: f"reports weight_version {v!r} after the update" for u, v in seen.items() if v != str(version)}
-        if wrong:
-            from rollout.core.policy import WeightSyncError
-
-            raise WeightSyncError(f"update_weights_from_disk({model_path!r}, weight_version={version})", wrong)
+        admin.admin.check_model_path(model_path)  # before the pause: a refused folder leaves generation running
+        urls = self.pause("abort")
+        retries, served = self.cfg.pool.weight_update_retries, self._served
+        # a half-done update (some workers failed it) is rolled forward or back: rollout.core.pool.weight_repair
+        answers = admin.run(lambda: settle_update(admin.admin, urls, model_path, version, served, self._weight_version, retries,
+                                                  self._record_update)).answers
         self._weight_version = version
         self.counts["weight_updates"] += 1
         self.publish()
@@ -229,6 +247,14 @@ class WeightSync:
         self._update_s.record(time.monotonic() - t0)
         logger.info("weights updated to version %d from %s on %d worker(s) in %.2fs", version, model_path, len(urls), time.monotonic() - t0)
         return answers
+
+    def _record_update(self, report: WeightUpdateReport) -> None:
+        """Keep what an update some worker took did (:attr:`last_update`, the counts, the folder
+        each worker serves) and say so when it was half done."""
+        self.last_update, self._served = report, dict(report.paths)
+        if report.outcome != "updated":
+            self.counts[f"weight_updates_{report.outcome}"] += 1
+            logger.warning("%s", report)
 
     def close(self) -> None:
         """Stop the admin loop (a later call starts a new one)."""
@@ -248,6 +274,13 @@ class WeightCycleAPI:
     def last_pause(self) -> PauseReport | None:
         """What the last :meth:`pause` met (``None`` before the first)."""
         return self._weights.last_pause
+
+    @property
+    def last_weight_update(self) -> WeightUpdateReport | None:
+        """What the last :meth:`update_weights_from_disk` that some worker took did: ``updated``,
+        or, half done, ``rolled_forward`` / ``rolled_back`` / ``split`` with the workers each way
+        (:mod:`rollout.core.pool.weight_repair`); ``None`` before one."""
+        return self._weights.last_update
 
     @property
     def weight_version(self) -> int:
@@ -277,9 +310,9 @@ class WeightCycleAPI:
 
         Raises:
             ValueError: unknown ``mode``.
-            rollout.core.policy.sglang.WeightSyncError: a worker failed to pause (generation may be paused on
+            rollout.core.policy.WeightSyncError: a worker failed to pause (generation may be paused on
                 the others: call :meth:`resume` or retry).
-            rollout.core.policy.sglang.PolicyServerError: the router cannot list its workers.
+            rollout.core.policy.PolicyServerError: the router cannot list its workers.
         """
         return self._runner.call(self._weights.pause, mode)
 
@@ -288,7 +321,7 @@ class WeightCycleAPI:
         episodes go on. Returns the worker URLs.
 
         Raises:
-            rollout.core.policy.sglang.WeightSyncError: a worker failed to continue.
+            rollout.core.policy.WeightSyncError: a worker failed to continue.
         """
         return self._runner.call(self._weights.resume)
 
@@ -311,8 +344,11 @@ class WeightCycleAPI:
 
         Raises:
             ValueError: ``weight_version`` is not an integer.
-            rollout.core.policy.sglang.WeightSyncError: a worker failed the update, or reports another version
-                afterwards. Generation then stays paused (the workers may hold different weights):
-                retry the update, or :meth:`resume` knowingly.
+            rollout.core.policy.WeightSyncError: a worker failed the update, or reports another version
+                afterwards. Generation then stays paused (the workers may hold different weights): retry the update, or :meth:`resume` knowingly.
+                An update some workers took and others failed is sent again to those
+                (``pool.weight_update_retries``: rolled forward, no error) or, failing that, taken
+                back on the others (:class:`~rollout.core.pool.weight_repair.HalfDoneUpdateError`,
+                rolled back); :attr:`last_weight_update` says which.
         """
         return self._runner.call(self._weights.update_weights_from_disk, model_path, weight_version)

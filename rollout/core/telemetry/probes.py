@@ -2,7 +2,7 @@
 ``record`` per event):
 
 * :class:`PolicyMetrics`: the ``/generate`` client's calls, retries and circuit breaker
-  (:class:`~rollout.core.policy.sglang.SGLangClient`, in each actor);
+  (:class:`~rollout.core.policy.HTTPPolicyClient`, in each actor);
 * :class:`MeteredEnvironment`: an episode's user-simulator turns and tool calls, timed around each
   ``reset`` / ``step`` of the environment seam (the worker wraps the benchmark's environment in it;
   the benchmarks do not change);
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout.core.environment import Action, Environment, ToolTimeoutError, UserSimulatorError
+from rollout.core.environment import Action, Environment, StepResult, ToolTimeoutError, UserSimulatorError
 from rollout.core.metrics import UNSET, EpisodeMetrics
 from rollout.core.records import EpisodeStatus, InteractionResult
 from rollout.core.telemetry import registry as R
@@ -106,7 +106,7 @@ class MeteredEnvironment:
     tool action runs one tool, a reply gets one user turn). A
     :class:`~rollout.core.environment.UserSimulatorError` counts a user error, a
     :class:`~rollout.core.environment.ToolTimeoutError` a tool timeout (both re-raised), and a
-    tool result flagged ``info["tool_error"]`` a tool error.
+    tool result flagged ``StepResult.tool_error`` a tool error.
 
     Args:
         env: the episode's environment.
@@ -147,7 +147,7 @@ class MeteredEnvironment:
         finally:
             self._observe(before)
 
-    async def step(self, action: Action) -> tuple[str, float, bool, dict[str, Any]]:
+    async def step(self, action: Action) -> StepResult:
         """The wrapped ``step``."""
         before = self._spent()
         try:
@@ -160,7 +160,7 @@ class MeteredEnvironment:
             raise
         finally:
             self._observe(before)
-        if out[3].get("tool_error"):
+        if out.tool_error:
             self._m.tool_errors.record(1)
         return out
 

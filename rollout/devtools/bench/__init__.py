@@ -19,8 +19,9 @@ the same samples, and it exits 1 if any sample has a PSS above its RSS::
     python -m rollout.bench memory --config configs/local.yaml --concurrency 8,32 [--json FILE]
 
 ``chaos``: the main job (``python -m rollout run`` in a subprocess) under faults (actor, server,
-router, driver kills, a faulty server, a failing user simulator, a node removal), one row per
-fault: what the fault injected against what it planned (each strike placed by the run's
+router, driver kills, a faulty server, a failing or dying user simulator, a node removal, a full
+disk, a torn or corrupted journal, a half-done weight update, a straggler worker, an actor killed
+by Ray's memory monitor, a network partition), one row per fault: what the fault injected against what it planned (each strike placed by the run's
 progress, episodes delivered and outstanding, never by the clock), episodes submitted,
 delivered, lost, duplicated, statuses, wall time and processes left behind (see
 :mod:`rollout.devtools.chaos`). Exit codes: 0 every fault injected all it planned and every guarantee
@@ -40,6 +41,12 @@ adaptive concurrency, on N local workers (:mod:`rollout.devtools.bench.routing`)
 side by side, each run a fresh ``python -m rollout run`` (:mod:`rollout.devtools.bench.scale`)::
 
     python -m rollout.bench scale [--actors 2,8] [--servers 4] [--reps 1] [--json FILE] [key=value ...]
+
+``engine``: the pool's episodes/s on the real vLLM (started by the bench on the CPU behind
+vllm-router) against a plain asyncio loop calling the same endpoint with the same episodes, the
+ratio measured side by side in one run (:mod:`rollout.devtools.bench.engine`)::
+
+    python -m rollout.bench engine [--engine vllm] [--episodes 16] [--concurrency 8] [--reps 1] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -51,8 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rollout.app.preflight import check_config
-from rollout.core.config import ConfigError, load_config
+from rollout.devtools.bench.cli import load_checked_config
 
 # Applied before the user's overrides: long turns on the tiny model keep the servers generating.
 PAUSE_DEFAULTS = ["local.backend=tiny", "env.max_steps=1", "policy.sampling.max_new_tokens=512", "pool.num_actors=2", "logging.level=WARNING"]
@@ -126,10 +132,7 @@ def main_chaos(args) -> int:
     if bad or args.tasks < 1:
         print(f"error: unknown fault(s) {bad} (known: {', '.join(FAULTS)})" if bad else "error: --tasks must be >= 1", file=sys.stderr)
         return 2
-    try:
-        check_config(load_config(args.config, args.overrides))
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
+    if load_checked_config(args.config, args.overrides) is None:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("aiohttp").setLevel(logging.CRITICAL)  # the fault proxy's reset connections
@@ -174,11 +177,8 @@ def main_memory(args) -> int:
 
     rows = []
     for domain in [d.strip() for d in args.domains.split(",") if d.strip()]:
-        try:
-            cfg = load_config(args.config, ["logging.level=WARNING", f"env.domain={domain}", *args.overrides])
-            check_config(cfg)
-        except (ConfigError, FileNotFoundError) as e:
-            print(f"config error: {e}", file=sys.stderr)
+        cfg = load_checked_config(args.config, ["logging.level=WARNING", f"env.domain={domain}", *args.overrides])
+        if cfg is None:
             return 2
         setup_logging(cfg.logging)
         rows += measure(cfg, [int(c) for c in args.concurrency.split(",")])
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--json", default=None, metavar="FILE", help="write the rows, each with its samples (bytes), as a JSON list")
     m.add_argument("overrides", nargs="*")
     # Sub-commands that live in their own modules: each adds its parser and sets ``run``.
+    from rollout.devtools.bench import engine as bench_engine
     from rollout.devtools.bench import env as bench_env
     from rollout.devtools.bench import journal as bench_journal
     from rollout.devtools.bench import pool as bench_pool
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.devtools.bench import startup as bench_startup
     from rollout.devtools.bench import turns as bench_turns
 
-    for module in (bench_env, bench_pool, bench_routing, bench_turns, bench_journal, bench_startup, bench_scale):
+    for module in (bench_env, bench_engine, bench_pool, bench_routing, bench_turns, bench_journal, bench_startup, bench_scale):
         module.add_parser(sub)
     from rollout.app.cli import parse_args_with_overrides
     from rollout.core.logs import setup_logging
@@ -249,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         return main_chaos(args)
     if args.command == "memory":
         return main_memory(args)
-    try:
-        probe = load_config(args.config, args.overrides)
-        per_actor = -(-args.episodes // probe.pool.num_actors)
-        cfg = load_config(args.config, PAUSE_DEFAULTS + [f"pool.max_concurrent_episodes={per_actor}"] + list(args.overrides))
-        check_config(cfg)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
+    from rollout.devtools.bench.cli import load_checked_config
+
+    probe = load_checked_config(args.config, args.overrides, check=False)
+    if probe is None:
+        return 2
+    per_actor = -(-args.episodes // probe.pool.num_actors)
+    cfg = load_checked_config(args.config, PAUSE_DEFAULTS + [f"pool.max_concurrent_episodes={per_actor}"] + list(args.overrides))
+    if cfg is None:
         return 2
     setup_logging(cfg.logging)
     r = bench_pause(cfg, args.episodes, args.cycles, args.model_path)
@@ -270,4 +272,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rollout.core.pipes import pipe_safe
+
+    sys.exit(pipe_safe(main))

@@ -45,6 +45,7 @@ WAYS = ("before", "orjson", "after")
 def synthetic_samples(n: int, seed: int = 0) -> list:
     """``n`` training samples shaped like the main job's (retail, gold replay): 7,100 tokens,
     1,200 of them generated (mask and log-probs), 12 messages, the usual metadata."""
+    from rollout.core.metrics import EpisodeMetrics
     from rollout.core.records import TrainingSample
 
     rng = random.Random(seed)
@@ -61,10 +62,10 @@ def synthetic_samples(n: int, seed: int = 0) -> list:
                                           "function": {"name": "get_order_details", "arguments": json.dumps({"order_id": f"#W{t}"})}}]}]
         messages.append({"role": "tool", "tool_call_id": "call_4", "name": "get_order_details", "content": json.dumps({"items": [{"price": 12.5}] * 8})})
         gid = f"b0:retail:{i // 2}"
-        meta = {"episode_id": f"{gid}:{i % 2}", "domain": "retail", "task_id": str(i // 2), "turns": 6, "termination_reason": "agent_stop",
-                "timings": {"episode_s": 1.9, "generate_s": 0.4, "env_s": 0.2}, "prompt_tokens": 5893, "generated_tokens": 1200,
-                "turn_boundary_repairs": 5, "parse_errors": 0, "length_finishes": 0, "reward_info": {"db_match": True, "reward": 1.0},
-                "error": None, "worker_pid": 4242, "weight_versions": [0] * 6}
+        metrics = EpisodeMetrics(turns=6, turn_boundary_repairs=5, termination_reason="agent_stop", reward_info={"db_match": True, "reward": 1.0},
+                                 timings={"episode_s": 1.9, "generate_s": 0.4, "env_s": 0.2}, prompt_tokens=5893, generated_tokens=1200)
+        meta = {"episode_id": f"{gid}:{i % 2}", "domain": "retail", "task_id": str(i // 2), **metrics.to_metadata(), "worker_pid": 4242,
+                "weight_versions": [0] * 6}
         out.append(TrainingSample(tokens=[rng.randrange(151_000) for _ in range(7100)], response_length=resp, loss_mask=mask,
                                   rollout_log_probs=lps, reward=1.0, status="completed", group_id=gid, sample_index=i % 2,
                                   metadata=meta, messages=messages, weight_versions=[0] * 6,

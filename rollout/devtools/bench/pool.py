@@ -44,7 +44,7 @@ are outstanding (the last moment every slot was busy); with C < N < 3C it starts
 * ``bound by``: which resource bounds the row (:func:`bound_by`): ``call latency`` (ratio >= 0.9),
   ``actor CPU``, ``driver``, ``machine CPU``, ``local server`` (calls queued at the server: a
   call took >= 1.5x the injected latency with nothing above saturated) or ``unknown``.
-* ``lag p50 / p99``: event-loop lag of the actors (:class:`rollout.core.worker.LoopLagProbe`, a
+* ``lag p50 / p99``: event-loop lag of the actors (:class:`rollout.core.loop_health.LoopLagProbe`, a
   coroutine sleeping 10 ms in a loop, started by :meth:`rollout.core.pool.RolloutPool.loop_lags`):
   p50 is the median over actors, p99 the worst actor's.
 * ``floor p99``: the p99 lag of the same 10 ms probe in an idle process on this machine over
@@ -301,7 +301,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "window_generate_s", "window_requests", "window_episode_s" (mean episode wall time,
             s), "actor_cpu_s" (list per actor, None when the actors are not local),
             "actor_own_cpu_s" (list), "stack_cpu_s", "driver_cpu_s", "machine_busy_fraction",
-            "loop_lags" (list of :meth:`rollout.core.worker.LoopLagProbe.stats` dicts),
+            "loop_lags" (list of :meth:`rollout.core.loop_health.LoopLagProbe.stats` dicts),
             "floor_lag" (:meth:`FloorProbe.stats`, optional), "rss_peak_bytes" (list per actor
             or None), "wall_s", "label"}``.
 
@@ -524,12 +524,12 @@ def stack_event_loops(stack: LocalStack) -> str:
 # --------------------------------------------------------------------------- the machine's floor
 def floor_probe_main() -> None:
     """Entry point of the floor probe's child process (see :class:`FloorProbe`): an event loop
-    that runs only a :class:`rollout.core.worker.LoopLagProbe`, and a thread that answers ``reset``
+    that runs only a :class:`rollout.core.loop_health.LoopLagProbe`, and a thread that answers ``reset``
     and ``stats`` lines on stdin with the probe's stats as a JSON line on stdout (read on the
     loop; ``reset`` forgets the samples after reading them); stdin closed ends it."""
     import asyncio
 
-    from rollout.core.worker import LoopLagProbe
+    from rollout.core.loop_health import LoopLagProbe
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -555,7 +555,7 @@ class FloorProbe:
     """The event-loop lag of an idle process on this machine: the floor under the actors' lag.
 
     A child process (:func:`floor_probe_main`) runs the actors' probe,
-    :class:`rollout.core.worker.LoopLagProbe` (10 ms sleeps), with nothing else to do: whatever lag it sees comes
+    :class:`rollout.core.loop_health.LoopLagProbe` (10 ms sleeps), with nothing else to do: whatever lag it sees comes
     from the machine (cores busy with other processes), not from work on its loop. A row prints
     it beside the actors' lag, so a user can tell what their actors add to what the machine gives.
 
@@ -590,7 +590,7 @@ class FloorProbe:
         self._ask("reset")
 
     def stats(self) -> dict[str, Any] | None:
-        """:meth:`rollout.core.worker.LoopLagProbe.stats` since the last reset; None if the child is gone."""
+        """:meth:`rollout.core.loop_health.LoopLagProbe.stats` since the last reset; None if the child is gone."""
         return self._ask("stats")
 
     def close(self) -> None:

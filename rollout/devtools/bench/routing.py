@@ -327,9 +327,8 @@ def row_plan(names: Sequence[str], adaptive: Sequence[bool], placement: str) -> 
 
 def main_routing(args) -> int:
     """Run the ``routing`` benchmark (see the module docstring); the exit status."""
-    from rollout.app.preflight import check_config
-    from rollout.core.config import ConfigError, load_config
     from rollout.core.logs import setup_logging
+    from rollout.devtools.bench.cli import load_checked_config
 
     names = [x.strip() for x in args.rows.split(",") if x.strip()]
     bad = [x for x in names if x not in ROUTINGS]
@@ -340,15 +339,12 @@ def main_routing(args) -> int:
         return 2
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="bench-routing-")
     plan = []
-    try:
-        for name, a, place in row_plan(names, adaptive, args.placement):
-            cfg = load_config(args.config, row_overrides(name, a, args.workers, args.concurrency, args.actors, args.n, out_dir,
-                                                         place or "router") + list(args.overrides))
-            check_config(cfg)
-            plan.append((name, a, place, cfg))
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    for name, a, place in row_plan(names, adaptive, args.placement):
+        cfg = load_checked_config(args.config, row_overrides(name, a, args.workers, args.concurrency, args.actors, args.n, out_dir,
+                                                             place or "router") + list(args.overrides))
+        if cfg is None:
+            return 2
+        plan.append((name, a, place, cfg))
     setup_logging(plan[0][3].logging)
     kv = dataclasses.asdict(plan[0][3].local.kv)
     print(f"routing bench: {args.workers} workers, {args.concurrency} concurrent episodes, {args.tasks} tasks x n={args.n}, "

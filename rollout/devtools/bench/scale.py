@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout.devtools.bench.interleaved import report, run_interleaved
+from rollout.devtools.bench.interleaved import add_bench_parser, run_bench
 
 TIMEOUT_S = 900  # bound on one run of the main job (seconds)
 
@@ -94,31 +94,30 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def add_parser(sub) -> None:
     """Add the ``scale`` sub-command to ``sub`` (argparse sub-parsers); it sets ``run``."""
-    p = sub.add_parser("scale", help="the main job's episode phase with each actor count, side by side")
-    p.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml, as python -m rollout run)")
+    p = add_bench_parser(sub, "scale", "the main job's episode phase with each actor count, side by side", main_scale,
+                         reps=1, reps_help="runs per actor count, interleaved (median reported)")
     p.add_argument("--actors", default="2,8", help="comma-separated pool.num_actors values (the first is the baseline)")
     p.add_argument("--servers", type=int, default=4, help="local.num_servers for every run")
-    p.add_argument("--reps", type=int, default=1, help="runs per actor count, interleaved (median reported)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write every run and the summary as JSON")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
-    p.set_defaults(run=main_scale)
 
 
-def main_scale(args) -> int:
-    """Run the ``scale`` benchmark (see the module docstring); 0, 1 when a run failed, 2 for bad arguments."""
+def _actor_counts(args) -> list[int]:
+    """The ``--actors`` values. Raises ValueError (bad arguments, see :func:`run_bench`)."""
     try:
         counts = [int(x) for x in args.actors.split(",") if x.strip()]
     except ValueError:
         counts = []
     if not counts or any(c < 1 for c in counts) or args.servers < 1 or args.reps < 1:
-        print("error: --actors is a comma-separated list of integers >= 1; --servers and --reps >= 1", file=sys.stderr)
-        return 2
-    runs = run_interleaved(
-        counts, args.reps, "bench-scale-",
-        lambda actors, folder: run_once(actors, args.servers, args.config, list(args.overrides), folder),
-        lambda actors, rep, r: (f"  {actors} actors, run {rep + 1}: episode phase {r['episodes_phase_s']} s, start-up "
-                                f"{r['startup_s']} s (exit {r['exit_code']}, {r['wall_s']:.1f} s in all)"))
-    if runs is None:
-        return 1
-    rows = summarize(runs)
-    return report(format_rows(rows), rows, runs, args.json)
+        raise ValueError("--actors is a comma-separated list of integers >= 1; --servers and --reps >= 1")
+    return counts
+
+
+def _describe(actors: int, rep: int, r: dict[str, Any]) -> str:
+    return (f"  {actors} actors, run {rep + 1}: episode phase {r['episodes_phase_s']} s, start-up "
+            f"{r['startup_s']} s (exit {r['exit_code']}, {r['wall_s']:.1f} s in all)")
+
+
+def main_scale(args) -> int:
+    """Run the ``scale`` benchmark (see the module docstring); 0, 1 when a run failed, 2 for bad arguments."""
+    return run_bench(args, _actor_counts, "bench-scale-",
+                     lambda a, actors, folder: run_once(actors, a.servers, a.config, list(a.overrides), folder),
+                     _describe, summarize, format_rows)

@@ -4,7 +4,8 @@ the old way against the new, side by side in one run.
 Each row runs the real command, ``python -m rollout run`` (:func:`rollout.app.cli.main`) on the
 config (default: the embedded local stack, ``configs/local.yaml``) with ``--tasks`` tasks, in a
 fresh process (a new local Ray cluster each time, nothing shared but the disk caches), and reads
-the start-up timeline :func:`rollout.app.wiring.open_pool` records: the seconds from the process's
+the start-up timeline :func:`rollout.app.wiring.open_pool` records (a
+:class:`rollout.app.wiring.StartupTimeline`): the seconds from the process's
 start (the command) to every actor ready, and each phase's span. The ways:
 
 * ``before``: as before issue 23: the serial order (``startup=serial``: checks, task ids, local
@@ -31,11 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollout.devtools.bench.interleaved import report, run_interleaved
+from rollout.devtools.bench.interleaved import add_bench_parser, run_bench
 
 # way -> (open_pool's startup, the tokenizer facts cache and no prestarted idle workers)
 WAYS: dict[str, tuple[str, bool]] = {"before": ("serial", False), "serial+cache": ("serial", True), "after": ("overlapped", True)}
 
+# The child: the real command (rollout.app.cli.main), whose `run` calls rollout.app.wiring.open_pool;
+# that name is bound here to open_pool with the way's start-up order and a StartupTimeline of ours,
+# which the child writes out once the command returned.
 _CHILD = """
 import json, sys
 from rollout.app import wiring
@@ -43,10 +47,12 @@ from rollout.app.preflight import tokenizer as tok
 from rollout.app.cli import main
 from rollout.core.pool import actors
 mode, new, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-wiring.STARTUP, tok.FACTS_CACHE, actors.PRESTART_IDLE_WORKERS = mode, new, not new
+tok.FACTS_CACHE, actors.PRESTART_IDLE_WORKERS = new, not new
+timeline, open_pool = wiring.StartupTimeline(), wiring.open_pool
+wiring.open_pool = lambda cfg, *args, **kwargs: open_pool(cfg, *args, startup=mode, timeline=timeline, **kwargs)
 rc = main(["run", "--no-progress", "--overwrite", *sys.argv[4:]])
 with open(out, "w") as f:
-    json.dump({"rc": rc, **wiring.LAST_STARTUP}, f)
+    json.dump({"rc": rc, **timeline.as_dict()}, f)
 """
 
 
@@ -63,10 +69,10 @@ def run_once(way: str, config: str | None, tasks: int, overrides: list[str], fol
     proc = subprocess.run([sys.executable, "-c", _CHILD, mode, "1" if cache else "0", str(out), *args],
                           capture_output=True, text=True, timeout=600, check=False)
     wall = time.monotonic() - t
-    if not out.is_file():
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    if data.get("process_start_to_ready_s") is None:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"{way}: the run did not finish its start-up (exit {proc.returncode}):\n{tail}")
-    data = json.loads(out.read_text())
     data.update(way=way, wall_s=round(wall, 3), exit_code=proc.returncode)
     return data
 
@@ -105,29 +111,26 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def add_parser(sub) -> None:
     """Add the ``startup`` sub-command to ``sub`` (argparse sub-parsers); it sets ``run``."""
-    p = sub.add_parser("startup", help="the main job's start-up (command -> actors ready): the old order against the new, side by side")
-    p.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml, as python -m rollout run)")
-    p.add_argument("--reps", type=int, default=3, help="runs per way, interleaved (median reported)")
+    p = add_bench_parser(sub, "startup", "the main job's start-up (command -> actors ready): the old order against the new, side by side",
+                         main_startup, reps=3, reps_help="runs per way, interleaved (median reported)")
     p.add_argument("--tasks", type=int, default=2, help="tasks each run (one episode each: the start-up is what is measured)")
     p.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated, of {', '.join(WAYS)}")
-    p.add_argument("--json", default=None, metavar="FILE", help="write every run and the summary as JSON")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
-    p.set_defaults(run=main_startup)
+
+
+def _ways(args) -> list[str]:
+    """The ``--ways`` values. Raises ValueError (bad arguments, see :func:`run_bench`)."""
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    if not ways or any(w not in WAYS for w in ways) or args.reps < 1 or args.tasks < 1:
+        raise ValueError(f"--ways of {', '.join(WAYS)}; --reps and --tasks >= 1")
+    return ways
+
+
+def _describe(way: str, rep: int, r: dict[str, Any]) -> str:
+    return (f"  {way:<13} run {rep + 1}: actors ready {r['process_start_to_ready_s']:.2f} s after the command "
+            f"(exit {r['exit_code']}, {r['wall_s']:.1f} s in all)")
 
 
 def main_startup(args) -> int:
     """Run the ``startup`` benchmark (see the module docstring); 0, 1 when a run failed, 2 for bad arguments."""
-    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
-    if not ways or any(w not in WAYS for w in ways) or args.reps < 1 or args.tasks < 1:
-        print(f"error: --ways of {', '.join(WAYS)}; --reps and --tasks >= 1", file=sys.stderr)
-        return 2
-    runs = run_interleaved(
-        ways, args.reps, "bench-startup-",
-        lambda way, folder: run_once(way, args.config, args.tasks, list(args.overrides), folder),
-        lambda way, rep, r: (f"  {way:<13} run {rep + 1}: actors ready {r['process_start_to_ready_s']:.2f} s after the command "
-                             f"(exit {r['exit_code']}, {r['wall_s']:.1f} s in all)"))
-    if runs is None:
-        return 1
-    rows = summarize(runs)
-    return report(format_rows(rows), rows, runs, args.json)
-
+    return run_bench(args, _ways, "bench-startup-", lambda a, way, folder: run_once(way, a.config, a.tasks, list(a.overrides), folder),
+                     _describe, summarize, format_rows)

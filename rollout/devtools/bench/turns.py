@@ -38,7 +38,7 @@ printed; the ratio of the conversation's own turns 2 and last is printed next to
 **The event loop while tokenizing** (printed after the table). The episode loop tokenizes in
 worker threads so that its event loop stays free, which holds only while the thread lets go of
 the GIL. With the whole last-turn conversation (its text and ids), one thread encodes and decodes
-in a loop for ``--lag-seconds`` while a :class:`rollout.core.worker.LoopLagProbe` on the event loop
+in a loop for ``--lag-seconds`` while a :class:`rollout.core.loop_health.LoopLagProbe` on the event loop
 measures how late it is woken, twice: through ``transformers`` (``tokenizer.encode`` /
 ``tokenizer.decode``) and through :class:`rollout.core.formats.ChatTemplate` (the Rust backend's batch
 calls, which release the GIL). Before them it measures the floor: the same probe while the thread
@@ -68,7 +68,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,28 @@ def _say_step(text: str, reply: str) -> Step:
     return Step({"role": "assistant", "content": text}, {"role": "user", "content": reply})
 
 
+def _review(user_id: str, found: tuple[str, str], records: list[str], visit: Callable[[int, str], Generator[tuple, None, tuple[str, str]]],
+            every: int, replies: tuple[str, str], closing: tuple[str, str]) -> Iterator[tuple]:
+    """The course both scripts share, as actions (``("tool", name, args)`` or ``("say", text, reply)``):
+    the user's details; ``found`` (the agent lists the user's records, the user picks the first);
+    then each record in turn: ``visit(k, record)`` yields its look-ups and returns ``(amount,
+    summary)``, the agent says the summary and the user asks for the running total on every
+    ``every``-th record (``replies[0]``, and a ``calculate`` of the amounts so far follows) or for
+    the next record (``replies[1]``); then, for ever, ``closing`` and the user's details again."""
+    yield ("tool", "get_user_details", {"user_id": user_id})
+    yield ("say", *found)
+    amounts: list[str] = []
+    for k, record in enumerate(records):
+        amount, summary = yield from visit(k, record)
+        amounts.append(amount)
+        yield ("say", summary, replies[0] if k % every == 0 else replies[1])
+        if k % every == 0:
+            yield ("tool", "calculate", {"expression": " + ".join(amounts)})
+    while True:  # more than the script: keep asking
+        yield ("say", *closing)
+        yield ("tool", "get_user_details", {"user_id": user_id})
+
+
 def _retail_script(env) -> tuple[str, Iterator[tuple]]:
     """A retail conversation with the customer who has the most orders (ties by id)."""
     db = env.tools.db
@@ -121,31 +143,28 @@ def _retail_script(env) -> tuple[str, Iterator[tuple]]:
     opening = (f"Hi, I'm {first} {last} and I need help with several of my orders: I want to know where they are, "
                f"and I may want to return or cancel some. My zip code is {zip_code}.")
 
+    def visit(k: int, oid: str):
+        order = db.orders[oid]
+        yield ("tool", "get_order_details", {"order_id": oid})
+        item = order.items[0]
+        if k % 2 == 0:
+            yield ("tool", "get_product_details", {"product_id": item.product_id})
+        return (f"{sum(i.price for i in order.items):.2f}",
+                f"Order {oid} is {order.status}. It has {len(order.items)} item(s), the first one a {item.name} "
+                f"({', '.join(f'{k2}: {v}' for k2, v in item.options.items())}) at ${item.price:.2f}. "
+                "Would you like to do anything with this order?")
+
     def actions():
         yield ("tool", "find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code})
-        yield ("tool", "get_user_details", {"user_id": user.user_id})
-        yield ("say", f"Thank you, {first}. I found your account ({user.user_id}) with {len(user.orders)} orders: "
-                      f"{', '.join(user.orders)}. Which one would you like to start with?",
-               f"Let's go through them in order, starting with {user.orders[0]}.")
-        total = []
-        for k, oid in enumerate(user.orders):
-            order = db.orders[oid]
-            yield ("tool", "get_order_details", {"order_id": oid})
-            item = order.items[0]
-            if k % 2 == 0:
-                yield ("tool", "get_product_details", {"product_id": item.product_id})
-            price = sum(i.price for i in order.items)
-            total.append(f"{price:.2f}")
-            yield ("say", f"Order {oid} is {order.status}. It has {len(order.items)} item(s), the first one a {item.name} "
-                          f"({', '.join(f'{k2}: {v}' for k2, v in item.options.items())}) at ${item.price:.2f}. "
-                          "Would you like to do anything with this order?",
-                   "Not for now, thanks. Can you check the next one?" if k % 3 else
-                   "What would a return of everything in it give me back? Then let's look at the next order.")
-            if k % 3 == 0:
-                yield ("tool", "calculate", {"expression": " + ".join(total)})
-        while True:  # more than the script: keep asking
-            yield ("say", "Is there anything else I can help you with today?", "Yes, please read me my account details again.")
-            yield ("tool", "get_user_details", {"user_id": user.user_id})
+        yield from _review(
+            user.user_id,
+            (f"Thank you, {first}. I found your account ({user.user_id}) with {len(user.orders)} orders: "
+             f"{', '.join(user.orders)}. Which one would you like to start with?",
+             f"Let's go through them in order, starting with {user.orders[0]}."),
+            user.orders, visit, 3,
+            ("What would a return of everything in it give me back? Then let's look at the next order.",
+             "Not for now, thanks. Can you check the next one?"),
+            ("Is there anything else I can help you with today?", "Yes, please read me my account details again."))
 
     return opening, actions()
 
@@ -158,36 +177,32 @@ def _airline_script(env) -> tuple[str, Iterator[tuple]]:
     opening = (f"Hello, this is {first} {last}, user id {user.user_id}. I want to review my upcoming trips and maybe "
                "change the flights of one of them.")
 
-    def actions():
-        yield ("tool", "get_user_details", {"user_id": user.user_id})
-        yield ("say", f"Thank you, {first}. I see {len(user.reservations)} reservations on your profile: "
-                      f"{', '.join(user.reservations)}. Which one would you like to review first?",
-               f"Please start with {user.reservations[0]} and go through them one by one.")
-        prices = []
-        for k, rid in enumerate(user.reservations):
-            res = db.reservations[rid]
-            yield ("tool", "get_reservation_details", {"reservation_id": rid})
-            f = res.flights[0]
-            route = {"origin": f.origin, "destination": f.destination, "date": f.date}
-            if k % 4 == 0:
-                yield ("tool", "search_direct_flight", route)
-            elif k % 4 == 1:
-                yield ("tool", "get_flight_status", {"flight_number": f.flight_number, "date": f.date})
-            elif k % 4 == 2:
-                yield ("tool", "search_onestop_flight", route)
-            prices.append(str(sum(x.price for x in res.flights)))
-            yield ("say", f"Reservation {rid} is a {res.flight_type.replace('_', ' ')} {res.cabin} trip from {res.origin} to "
-                          f"{res.destination} with {len(res.passengers)} passenger(s); its first flight is {f.flight_number} "
-                          f"on {f.date}. Would you like to change anything on it?",
-                   "No, that one is fine. What about the next one?" if k % 2 else
-                   "How much did I pay for the flights of the trips so far? Then the next one, please.")
-            if k % 2 == 0:
-                yield ("tool", "calculate", {"expression": " + ".join(prices)})
-        while True:
-            yield ("say", "Is there anything else I can help you with?", "Yes, please read my profile again.")
-            yield ("tool", "get_user_details", {"user_id": user.user_id})
+    def visit(k: int, rid: str):
+        res = db.reservations[rid]
+        yield ("tool", "get_reservation_details", {"reservation_id": rid})
+        f = res.flights[0]
+        route = {"origin": f.origin, "destination": f.destination, "date": f.date}
+        if k % 4 == 0:
+            yield ("tool", "search_direct_flight", route)
+        elif k % 4 == 1:
+            yield ("tool", "get_flight_status", {"flight_number": f.flight_number, "date": f.date})
+        elif k % 4 == 2:
+            yield ("tool", "search_onestop_flight", route)
+        return (str(sum(x.price for x in res.flights)),
+                f"Reservation {rid} is a {res.flight_type.replace('_', ' ')} {res.cabin} trip from {res.origin} to "
+                f"{res.destination} with {len(res.passengers)} passenger(s); its first flight is {f.flight_number} "
+                f"on {f.date}. Would you like to change anything on it?")
 
-    return opening, actions()
+    actions = _review(
+        user.user_id,
+        (f"Thank you, {first}. I see {len(user.reservations)} reservations on your profile: "
+         f"{', '.join(user.reservations)}. Which one would you like to review first?",
+         f"Please start with {user.reservations[0]} and go through them one by one."),
+        user.reservations, visit, 2,
+        ("How much did I pay for the flights of the trips so far? Then the next one, please.",
+         "No, that one is fine. What about the next one?"),
+        ("Is there anything else I can help you with?", "Yes, please read my profile again."))
+    return opening, actions
 
 
 SCRIPTS = {"retail": _retail_script, "airline": _airline_script}
@@ -402,10 +417,10 @@ def loop_lag_while(work, seconds: float) -> dict[str, Any]:
         seconds: how long to measure (> 0).
 
     Returns:
-        :meth:`rollout.core.worker.LoopLagProbe.stats` (10 ms probe) plus ``"calls"``: how many times
+        :meth:`rollout.core.loop_health.LoopLagProbe.stats` (10 ms probe) plus ``"calls"``: how many times
         the thread completed ``work`` meanwhile.
     """
-    from rollout.core.worker import LoopLagProbe
+    from rollout.core.loop_health import LoopLagProbe
 
     async def run() -> dict[str, Any]:
         probe = LoopLagProbe(0.01)
@@ -494,7 +509,7 @@ def measure_gc(ids: list[int], n_trajectories: int, repeat: int) -> dict[str, An
         return out
 
     res: dict[str, Any] = {"gc_trajectories": n_trajectories, "gc_tokens": len(ids)}
-    # as in an actor (rollout.core.worker.tune_actor_process): what is loaded now (tokenizer, domain) is
+    # as in an actor (rollout.core.loop_health.tune_actor_process): what is loaded now (tokenizer, domain) is
     # frozen out of the collector's reach, so the timing is the trajectories' share alone
     gc.collect()
     gc.freeze()
@@ -567,21 +582,17 @@ def main_turns(args) -> int:
         0 when both ways gave identical ids at every turn (targets met or not: they are printed),
         1 when they did not, 2 for a bad config or arguments.
     """
-    from rollout.app.preflight import check_config
     from rollout.benchmarks.tau2.environment import Tau2Domain
-    from rollout.core.config import ConfigError, load_config
     from rollout.core.formats import ChatTemplate
     from rollout.core.logs import setup_logging
     from rollout.core.tokenizer import load_tokenizer
+    from rollout.devtools.bench.cli import load_checked_config
 
     if args.turns < 2 or args.repeat < 1 or args.lag_seconds < 0 or args.gc_trajectories < 0:
         print("error: --turns must be >= 2, --repeat >= 1, --lag-seconds >= 0 and --gc-trajectories >= 0", file=sys.stderr)
         return 2
-    try:
-        cfg = load_config(args.config, list(args.overrides))
-        check_config(cfg)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"config error: {e}", file=sys.stderr)
+    cfg = load_checked_config(args.config, args.overrides)
+    if cfg is None:
         return 2
     setup_logging(cfg.logging)
     domain_name = args.domain or cfg.env.domain

@@ -56,6 +56,7 @@ from rollout.benchmarks.tau2.user import CASE_REFERENCE_RE, case_reference, gold
 from rollout.core.formats import AUTO, get_chat_format, resolve_chat_format
 from rollout.devtools.local.backend_api import SamplingParams
 from rollout.devtools.local.dialects import Message, get_dialect
+from rollout.devtools.local.judge import is_judge_prompt, stand_in_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ class GoldReplayBackend:
         """The oracle's next assistant message (without its end-of-turn) for a prompt, written by
         the dialect (a reply as the family writes one, e.g. after closing Qwen3.6's reasoning)."""
         content, calls = self._next_turn(input_ids)
-        return self.dialect.assistant_text(content, calls)
+        return self.dialect.assistant_text(content, calls, turn_key=len(input_ids))
 
     def _next_turn(self, input_ids: list[int]) -> tuple[str, list[tuple[str, dict]]]:
         """The oracle's next turn: ``(text, [])`` for a reply, ``("", [(tool, arguments)])`` for a call."""
@@ -375,7 +376,12 @@ class GoldReplayBackend:
         logger.info("gold replay: weight update to %s (nothing to load; only the version changes)", model_path)
 
     def chat(self, messages: list[dict], params: SamplingParams) -> str:
-        """Deterministic user-simulator stand-in: agrees to questions, otherwise ends the chat."""
+        """Deterministic stand-ins behind ``/v1/chat/completions``: tau2's NL-assertion judge
+        prompt gets every expected outcome met (:func:`rollout.devtools.local.judge.stand_in_verdict`:
+        the verdict gold replay deserves); anything else is a user simulator that agrees to
+        questions and otherwise ends the chat."""
+        if is_judge_prompt(messages):
+            return stand_in_verdict(messages)
         last = messages[-1].get("content") if messages else None
         if isinstance(last, list):  # OpenAI content parts
             last = " ".join(str(p.get("text", "")) for p in last if isinstance(p, dict))

@@ -86,11 +86,12 @@ class KVParams:
         ValueError: a negative value.
     """
 
-    cache_tokens: int = 0
-    kv_budget_tokens: int = 0
-    prefill_s_per_token: float = 0.0
-    decode_s_per_token: float = 0.0
-    s_per_running_request: float = 0.0
+    # metadata "help": the server's --help line for the field's flag (see add_arguments)
+    cache_tokens: int = dataclasses.field(default=0, metadata={"help": "prefix-cache capacity in tokens"})
+    kv_budget_tokens: int = dataclasses.field(default=0, metadata={"help": "KV tokens running requests may hold before retraction"})
+    prefill_s_per_token: float = dataclasses.field(default=0.0, metadata={"help": "seconds per uncached prompt token"})
+    decode_s_per_token: float = dataclasses.field(default=0.0, metadata={"help": "seconds per generated token"})
+    s_per_running_request: float = dataclasses.field(default=0.0, metadata={"help": "seconds added to each generated token per running request"})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -107,15 +108,36 @@ class KVParams:
         """Whether any cost is non-zero."""
         return bool(self.prefill_s_per_token or self.decode_s_per_token or self.s_per_running_request)
 
+    @staticmethod
+    def _dest(field: dataclasses.Field) -> str:
+        """The argparse destination of a field's flag: ``kv_<field>`` (``kv_budget_tokens`` as is)."""
+        return field.name if field.name.startswith("kv_") else f"kv_{field.name}"
+
     def cli_args(self) -> list[str]:
         """The server's command-line flags for these parameters (only the non-default ones)."""
         out = []
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v:
-                name = f.name if f.name.startswith("kv_") else f"kv_{f.name}"
-                out += ["--" + name.replace("_", "-"), repr(v)]
+                out += ["--" + self._dest(f).replace("_", "-"), repr(v)]
         return out
+
+    @classmethod
+    def add_arguments(cls, group) -> None:
+        """Add one flag per parameter to ``group`` (an argparse parser or argument group): ``--kv-<field>``
+        (``--kv-budget-tokens`` for ``kv_budget_tokens``), typed as the field, default 0; what
+        :meth:`cli_args` writes and :meth:`from_args` reads back."""
+        for f in dataclasses.fields(cls):
+            group.add_argument("--" + cls._dest(f).replace("_", "-"), type=type(f.default), default=f.default, help=f.metadata["help"])
+
+    @classmethod
+    def from_args(cls, args) -> "KVParams":
+        """The parameters parsed by the flags of :meth:`add_arguments` (``args``: the argparse namespace).
+
+        Raises:
+            ValueError: a negative value (as the constructor).
+        """
+        return cls(**{f.name: getattr(args, cls._dest(f)) for f in dataclasses.fields(cls)})
 
 
 class KVRequest:

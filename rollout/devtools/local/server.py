@@ -282,25 +282,25 @@ class LocalSGLangServer:
         app = web.Application(client_max_size=512 * 1024 * 1024,
                               middlewares=auth_middlewares(self._api_key, self._admin_api_key))
         admin, info = self.admin, self.info
-        app.add_routes([
-            web.post("/generate", self.generation.generate),
-            web.post("/abort_request", admin.abort_request),
-            web.post("/pause_generation", admin.pause_generation),
-            web.post("/continue_generation", admin.continue_generation),
-            web.post("/update_weights_from_disk", admin.update_weights_from_disk),
-            web.get("/get_weight_version", admin.get_weight_version),
-            web.get("/health", info.health),
-            web.get("/health_generate", info.health_generate),
-            web.get("/get_model_info", info.model_info),
-            web.get("/model_info", info.model_info),
-            web.get("/get_server_info", info.server_info),
-            web.get("/server_info", info.server_info),
-            web.get("/v1/models", info.models),
-            web.post("/v1/chat/completions", self.chat.chat_completions),
-            web.post("/flush_cache", self.flush_cache),
-            web.get("/flush_cache", self.flush_cache),
-            web.get("/metrics", self.metrics),
-        ])
+        # (route makers, paths, handler): SGLang serves some endpoints under two paths or two methods
+        # (web.get also answers HEAD, as aiohttp's default)
+        routes = [
+            ((web.post,), ("/generate",), self.generation.generate),
+            ((web.post,), ("/abort_request",), admin.abort_request),
+            ((web.post,), ("/pause_generation",), admin.pause_generation),
+            ((web.post,), ("/continue_generation",), admin.continue_generation),
+            ((web.post,), ("/update_weights_from_disk",), admin.update_weights_from_disk),
+            ((web.get,), ("/get_weight_version",), admin.get_weight_version),
+            ((web.get,), ("/health",), info.health),
+            ((web.get,), ("/health_generate",), info.health_generate),
+            ((web.get,), ("/get_model_info", "/model_info"), info.model_info),
+            ((web.get,), ("/get_server_info", "/server_info"), info.server_info),
+            ((web.get,), ("/v1/models",), info.models),
+            ((web.post,), ("/v1/chat/completions",), self.chat.chat_completions),
+            ((web.post, web.get), ("/flush_cache",), self.flush_cache),
+            ((web.get,), ("/metrics",), self.metrics),
+        ]
+        app.add_routes([make(path, handler) for makers, paths, handler in routes for path in paths for make in makers])
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -340,14 +340,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--generate-latency-s", type=float, default=0.0, metavar="S",
                    help="seconds every /generate waits (asyncio sleep, no thread or step lock held) before generating")
     kv = p.add_argument_group("KV model", "prefix cache, KV budget and cost model (rollout.devtools.local.kvmodel); 0: off")
-    kv.add_argument("--kv-cache-tokens", type=int, default=0, help="prefix-cache capacity in tokens")
-    kv.add_argument("--kv-budget-tokens", type=int, default=0, help="KV tokens running requests may hold before retraction")
-    kv.add_argument("--kv-prefill-s-per-token", type=float, default=0.0, help="seconds per uncached prompt token")
-    kv.add_argument("--kv-decode-s-per-token", type=float, default=0.0, help="seconds per generated token")
+    KVParams.add_arguments(kv)
     kv.add_argument("--gold-think-tokens", type=int, default=0,
                     help="gold replay: a <think> block of this many tokens before every answer (what makes running requests grow)")
-    kv.add_argument("--kv-s-per-running-request", type=float, default=0.0,
-                    help="seconds added to each generated token per running request")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
                    help="uvloop (C, the default) or asyncio (the standard library's selector loop); see rollout.core.eventloop")
     p.add_argument("--parent-pid", type=int, default=None, help="exit once this process (the parent) is gone")
@@ -377,9 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.generate_latency_s < 0:
         raise SystemExit(f"rollout.devtools.local.server: --generate-latency-s must be >= 0, got {args.generate_latency_s}")
     try:
-        kv_params = KVParams(cache_tokens=args.kv_cache_tokens, kv_budget_tokens=args.kv_budget_tokens,
-                             prefill_s_per_token=args.kv_prefill_s_per_token, decode_s_per_token=args.kv_decode_s_per_token,
-                             s_per_running_request=args.kv_s_per_running_request)
+        kv_params = KVParams.from_args(args)
     except ValueError as e:
         raise SystemExit(f"rollout.devtools.local.server: --kv-*: {e}") from None
     why = check_event_loop(args.event_loop, "--event-loop")

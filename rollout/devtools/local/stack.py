@@ -91,7 +91,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -106,13 +105,16 @@ from pathlib import Path
 from typing import IO
 
 import rollout
-from rollout.core.choices import RouterPolicy
-from rollout.core.config import LocalConfig
+from rollout.core.choices import EventLoop, LocalBackend, RouterPolicy
+from rollout.core.config import Config, ConfigError, LocalConfig
+from rollout.core.engines import EngineJob
+from rollout.core.eventloop import check_event_loop
+from rollout.core.startup import PreflightError, importable
 from rollout.core.tokenizer import resolve_tokenizer_path
+from rollout.devtools.local.vllm.processes import log_tail
 
 logger = logging.getLogger(__name__)
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TERM_GRACE_S = 5.0
 _POLL_S = 0.2
 _SECRET_FLAGS = ("--api-key", "--admin-api-key", "--router-api-key")
@@ -286,14 +288,6 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 5.0,
         return e.code, e.read()
 
 
-def _tail(path: Path, n_lines: int = 30) -> str:
-    try:
-        lines = _ANSI.sub("", path.read_text(errors="replace")).splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(lines[-n_lines:])
-
-
 class LocalStack:
     """Test servers plus the real sglang-router on loopback, as a context manager.
 
@@ -458,14 +452,14 @@ class LocalStack:
             if (procs is None or proc in procs) and proc.poll() is not None:
                 raise RuntimeError(
                     f"local stack: {name} exited with code {proc.returncode} during {what}; "
-                    f"log {path}:\n{_tail(path)}"
+                    f"log {path}:\n{log_tail(path, 30)}"
                 )
 
     def _fail(self, what: str, timeout_s: float) -> RuntimeError:
         seen: dict[Path, str] = {}
         for name, _, _, path in self._procs:
             seen.setdefault(path, name)
-        tails = "\n".join(f"--- {name} ({path}):\n{_tail(path)}" for path, name in seen.items())
+        tails = "\n".join(f"--- {name} ({path}):\n{log_tail(path, 30)}" for path, name in seen.items())
         return RuntimeError(f"local stack: {what} within {timeout_s:.0f} s\n{tails}")
 
     def _start(self) -> None:
@@ -672,6 +666,66 @@ class LocalStack:
         if remove_logs and self._own_log_dir and self._log_dir is not None:
             shutil.rmtree(self._log_dir, ignore_errors=True)
 
+
+
+class LocalStackEngine:
+    """The local stack as the wiring's engine (:class:`rollout.core.engines.EngineKind`, registered
+    as ``local``, :data:`rollout.core.engines.LOCAL_STACK`): a :class:`LocalStack` for the ``local``
+    section and the job's facts, its router on ``local.router_port`` or, when that is null, a free
+    port chosen here, so that :attr:`router_url` is known before :meth:`start`.
+
+    Args:
+        local: the ``local`` section.
+        job: the job's facts (:class:`rollout.core.engines.EngineJob`): the domain key, the
+            tokenizer, the chat format, the API key's variable, the log folder.
+    """
+
+    section = "local"
+
+    def __init__(self, local: LocalConfig, job: EngineJob):
+        if not local.router_port:
+            local = dataclasses.replace(local, router_port=free_port(local.host))
+        self.stack = LocalStack(local, job.domain, job.tokenizer, log_dir=job.log_dir, api_key_env=job.api_key_env,
+                                chat_format=job.chat_format)
+        self.router_url = f"http://{local.host}:{local.router_port}"
+
+    @staticmethod
+    def check_config(cfg: Config) -> None:
+        """``local.event_loop=uvloop``: uvloop is installed here, where the servers run.
+
+        Raises:
+            rollout.core.config.ConfigError: one line naming ``local.event_loop``.
+        """
+        if cfg.local.event_loop == EventLoop.UVLOOP:
+            why = check_event_loop(cfg.local.event_loop, "local.event_loop")
+            if why:
+                raise ConfigError(why)
+
+    @staticmethod
+    def check_modules(cfg: Config) -> None:
+        """``local.backend=tiny`` needs torch (the ``tiny`` extra), looked up, not imported.
+
+        Raises:
+            rollout.core.startup.PreflightError: one line with the install command.
+        """
+        if cfg.local.backend == LocalBackend.TINY and not importable("torch"):
+            raise PreflightError("local.backend=tiny needs torch, which is not installed here: pip install 'tau-rollout[tiny]' "
+                                 "(torch==2.13.0 is the CPU build), or choose local.backend=gold_replay")
+
+    def start(self) -> LocalStack:
+        """Start the stack (:meth:`LocalStack.start`).
+
+        Raises:
+            RuntimeError: as :meth:`LocalStack.start`, or the router is not where :attr:`router_url` says.
+        """
+        self.stack.start()
+        if self.stack.router_url != self.router_url:  # the stack keeps the port it was given
+            raise RuntimeError(f"local stack: router at {self.stack.router_url}, expected {self.router_url}")
+        return self.stack
+
+    def stop(self) -> None:
+        """Stop the stack (:meth:`LocalStack.stop`; idempotent)."""
+        self.stack.stop()
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["router"]:

@@ -79,7 +79,7 @@ function cell(r, key) {
     case "order": return String(r.order);
     case "status": return h("span", { class: V.statusClass(r.status) }, r.status);
     case "outcome": return r.reason ? `${r.outcome}: ${r.reason}` : r.outcome;
-    case "reward": return V.fmtReward(r.reward);
+    case "reward": return r.raw_reward !== r.reward ? h("span", { title: `raw (tau2's) ${V.fmtReward(r.raw_reward)}` }, `${V.fmtReward(r.reward)} (raw ${V.fmtReward(r.raw_reward)})`) : V.fmtReward(r.reward);
     case "tokens": case "generated": return V.fmtInt(r[key]);
     case "versions": return r.versions.join(", ");
     case "duration_s": return V.fmtNum(r.duration_s, 2);
@@ -178,6 +178,8 @@ async function renderEpisode(run, id, tab) {
     h("h2", { id: "eptitle" }, `episode ${id}` + (run === "b" ? " (compared run)" : "")),
     row ? V.kvTable([["task", `${row.domain} ${row.task_id} (group ${row.group_id}, sample ${row.sample_index}, attempt ${row.attempt})`],
       ["status", h("span", { class: V.statusClass(row.status) }, row.status)], ["reward", V.fmtReward(row.reward)],
+      ["raw reward (tau2's, unshaped)", V.fmtReward(row.raw_reward)],
+      ...(row.task_issues.length ? [["task's open issues", row.task_issues.join("; ")]] : []),
       ["outcome", row.reason ? `${row.outcome}: ${row.reason}` : row.outcome], ["turns", String(row.turns)],
       ["tokens", `${V.fmtInt(row.tokens)} (${V.fmtInt(row.generated)} sampled, ${row.segments} segment(s))`],
       ["weight versions", row.versions.join(", ") || "–"], ["duration (s)", V.fmtNum(row.duration_s, 2)]], { id: "epinfo" }) : null,
@@ -209,11 +211,28 @@ function countTable(id, title, counts, statuses) {
       : h("p", { class: "muted" }, "none"));
 }
 
+// eval.json of an evaluation (python -m rollout eval): per domain, pass^k and pass@k by k.
+function evalCard(ev) {
+  const card = h("div", { class: "card wide", id: "eval" }, h("h3", {}, "Evaluation (eval.json)"));
+  for (const [domain, d] of Object.entries(ev.domains || {})) {
+    const infra = Object.values(d.infrastructure_failures || {}).reduce((a, b) => a + b, 0);
+    card.append(h("p", {}, h("b", {}, domain), `: ${d.tasks} tasks, ${d.trials} trials, ${infra} infrastructure failures, ${d.cancelled} cancelled;` +
+      ` mean reward ${V.fmtReward(d.mean_reward)}`));
+    card.append(h("table", { class: "grid", "data-domain": domain },
+      h("tr", {}, ["k", "pass^k", "pass@k", "tasks counted"].map((x) => h("th", {}, x))),
+      Object.keys(d.pass_hat_k || {}).map((k) => h("tr", { "data-k": k }, [k, V.fmtNum(d.pass_hat_k[k], 4), V.fmtNum(d.pass_at_k[k], 4),
+        String(d.tasks_counted[k])].map((x) => h("td", {}, x))))));
+  }
+  return card;
+}
+
 async function renderSummary() {
   const view = document.getElementById("view");
   const data = await V.api("summary", { run: "a" });
   const live = data.live;
-  const rewards = Object.fromEntries(Object.entries(live.mean_reward_per_domain).map(([d, r]) => [`${d} (${live.episodes_per_domain[d]} episodes)`, V.fmtReward(r)]));
+  const raw = live.mean_raw_reward_per_domain || {};
+  const rewards = Object.fromEntries(Object.entries(live.mean_reward_per_domain).flatMap(([d, r]) => [[`${d} (${live.episodes_per_domain[d]} episodes)`, V.fmtReward(r)],
+    ...(d in raw && raw[d] !== r ? [[`${d}: raw (tau2's, unshaped)`, V.fmtReward(raw[d])]] : [])]));
   const cards = [countTable("status-counts", "Episodes by status", live.status_counts, true),
     countTable("outcome-counts", "Outcome (result file)", live.outcome_counts),
     countTable("excluded-counts", "Kept out of training, by reason", live.excluded_counts),
@@ -228,15 +247,21 @@ async function renderSummary() {
   const file = data.file;
   const fileCard = h("div", { class: "card wide" }, h("h3", {}, "summary.json"));
   if (file) {
-    const keys = ["status", "reason", "episodes", "trained_samples", "samples", "sample_mode", "compactions", "tokens", "generated_tokens",
+    const keys = ["status", "reason", "episodes", "trained_samples", "samples", "sample_mode", "reward_shaping", "open_issues",
+      "episodes_with_task_issues", "compactions", "tokens", "generated_tokens",
       "turn_boundary_repairs", "parse_errors", "length_cut_turns", "wall_s", "episodes_per_s", "resumed_sessions"];
     fileCard.append(V.kvTable(keys.filter((k) => k in file).map((k) => [k, typeof file[k] === "number" && !Number.isInteger(file[k]) ? V.fmtNum(file[k], 3) : String(file[k])])),
       file.groups ? V.kvTable(Object.entries(file.groups).map(([k, v]) => [k, String(v)])) : null,
+      file.mean_raw_reward_per_domain ? V.kvTable(Object.entries(file.mean_reward_per_domain || {}).map(([d, r]) =>
+        [`mean reward ${d}: trained / raw (tau2's)`, `${V.fmtReward(r)} / ${V.fmtReward(file.mean_raw_reward_per_domain[d])}`]), { id: "file-rewards" }) : null,
+      file.skipped_tasks && file.skipped_tasks.open_issues ? V.kvTable([["tasks skipped (open issues)",
+        `${file.skipped_tasks.open_issues}: ${file.skipped_tasks.task_ids.join(", ")}`]], { id: "skipped-tasks" }) : null,
       h("details", {}, h("summary", {}, "the whole file"), h("pre", {}, JSON.stringify(file, null, 2))));
   } else {
     fileCard.append(h("p", { class: "muted" }, "not written yet (the run writes it when it ends); the counts above are live."));
   }
   cards.push(fileCard);
+  if (data.eval) cards.unshift(evalCard(data.eval));
   view.replaceChildren(h("div", { id: "summary", class: "cards" }, cards));
 }
 

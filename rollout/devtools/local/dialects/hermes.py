@@ -36,7 +36,7 @@ class HermesDialect:
                 out.append(Message(role, content, closed))
         return out
 
-    def assistant_text(self, content: str, calls: list[tuple[str, dict]]) -> str:
+    def assistant_text(self, content: str, calls: list[tuple[str, dict]], turn_key: int = 0) -> str:
         """``content``, then one ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>`` block per call."""
         blocks = [CALL_OPEN + "\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False) + "\n" + CALL_CLOSE for n, a in calls]
         return "\n".join([content] * bool(content) + blocks)

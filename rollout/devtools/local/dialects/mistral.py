@@ -6,21 +6,24 @@ Reading works for every tokenizer version (v3 results ``{"content": ..., "call_i
 ``id[TOOL_CONTENT]content``, v13+ the content alone). In v3 the system prompt has no block of its
 own: it opens the user turn it is encoded in (``system\\n\\nuser``), which is then read as one user
 message. Writing takes mistral-common's encoding of the assistant message in the version of the
-built-in vocabulary (``builtin:mistral``, v3: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``),
-so that :meth:`MistralFormat.parse_turn <rollout.core.formats.mistral.MistralFormat.parse_turn>`
-reads back the same content and calls.
+built-in vocabulary (``builtin:mistral``, v3: ``[TOOL_CALLS][{"name": ..., "arguments": {...},
+"id": "..."}]``), with an id per call as a v3 model writes one (9 letters or digits; derived from
+the turn and the call's place, so a replay is deterministic), so that
+:meth:`MistralFormat.parse_turn <rollout.core.formats.mistral.MistralFormat.parse_turn>` reads back
+the same content, calls and ids, and the results that follow must echo those ids.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import re
-from typing import Any
+import string
 
 from rollout.devtools.local.dialects import Message
+from rollout.devtools.local.dialects.builtin import builtin_format
 
-__all__ = ["DIALECTS", "MistralDialect"]
+__all__ = ["DIALECTS", "MistralDialect", "call_ids"]
 
 _MARKS = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
           "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
@@ -28,14 +31,6 @@ _SPLIT_RE = re.compile("(" + "|".join(re.escape(m) for m in _MARKS) + ")")
 # block opener -> (its closer, the role of the message it holds; None: not a message)
 _BLOCKS = {"[INST]": ("[/INST]", "user"), "[TOOL_RESULTS]": ("[/TOOL_RESULTS]", "tool"),
            "[SYSTEM_PROMPT]": ("[/SYSTEM_PROMPT]", "system"), "[AVAILABLE_TOOLS]": ("[/AVAILABLE_TOOLS]", None)}
-
-
-@functools.lru_cache(maxsize=1)
-def _builtin_format() -> Any:
-    """The ``mistral`` format over the built-in vocabulary (loaded once, on the first written turn)."""
-    from rollout.core.formats.mistral import load_vocabulary, mistral_format
-
-    return mistral_format(load_vocabulary("mistral"))
 
 
 def _tool_content(body: str) -> str:
@@ -105,12 +100,23 @@ class MistralDialect:
             i += 1  # stray text outside any message
         return out
 
-    def assistant_text(self, content: str, calls: list[tuple[str, dict]]) -> str:
+    def assistant_text(self, content: str, calls: list[tuple[str, dict]], turn_key: int = 0) -> str:
         """What a Mistral model writes for the turn before ``</s>``: mistral-common's encoding of the
-        assistant message with ``content`` and ``calls`` (no call ids, as models write them),
-        decoded with its special tokens."""
-        fmt = _builtin_format()
-        return fmt.decode(fmt.generated_ids(content, list(calls)))
+        assistant message with ``content`` and ``calls``, each call with the id
+        :func:`call_ids` gives it (v3-v11 models write one), decoded with its special tokens."""
+        fmt = builtin_format("mistral")  # the built-in vocabulary, loaded on the first written turn
+        ids = call_ids(turn_key, len(calls)) if fmt.writes_call_ids else None
+        return fmt.decode(fmt.generated_ids(content, list(calls), ids))
+
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def call_ids(turn_key: int, n: int) -> list[str]:
+    """``n`` call ids as a Mistral v3-v11 model writes them: 9 letters or digits (what
+    mistral-common accepts), here the SHA-256 of ``turn_key`` and the call's place mapped onto
+    those 62 characters: deterministic, and different between calls and between turns."""
+    return ["".join(_ID_CHARS[b % len(_ID_CHARS)] for b in hashlib.sha256(f"{turn_key}/{i}".encode()).digest()[:9]) for i in range(n)]
 
 
 DIALECTS = {"mistral": MistralDialect()}

