@@ -161,9 +161,14 @@ async def test_loop_lag_probe_tells_the_loop_s_own_cpu_from_waiting_for_a_core()
     os.sched_setaffinity(0, {cpu})  # this thread (the loop's) only
     hogs: list[subprocess.Popen] = []
     try:
-        spin(0.5)
-        await asyncio.sleep(0.02)
-        busy = probe.stats(reset=True)
+        # (other tests on this core can take it: at a load of 40 on 2 cores a 0.5 s spin once had a CPU
+        # share of 0.05, waiting the rest; the spin is tried again, at most 5 times, until it gets the core)
+        for _ in range(5):
+            spin(0.5)
+            await asyncio.sleep(0.02)
+            busy = probe.stats(reset=True)
+            if busy["loop_cpu_share"] > asleep["loop_cpu_share"] + 0.1:
+                break
         # and with two processes spinning on the same core it mostly waits for it
         hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
                 for _ in range(2)]

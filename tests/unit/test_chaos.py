@@ -219,4 +219,4 @@ def test_the_bench_knows_every_fault_of_issue_32_each_with_a_scenario():
 
     assert len(FAULTS) >= 12 and list(FAULTS) == list(SCENARIOS) and len(set(FAULTS)) == len(FAULTS)
     assert {"disk_full", "journal_torn_tail", "journal_corrupt_line", "weight_update_half_done", "straggler", "user_sim_server_death",
-            "actor_oom", "network_partition"} <= set(FAULTS)
+            "actor_oom", "network_partition", "engine_server_kill"} <= set(FAULTS)

@@ -173,8 +173,15 @@ Faults (:data:`FAULTS`), each with its strike condition:
     (no FIN, no RST; new connections accepted and held), then heals. The calls must time out,
     be retried and go through; statuses ``completed`` or ``policy_error`` only. Injected:
     ``partitions``.
-(``engine_server_kill``, the vLLM engine's server SIGKILLed mid-run, comes with issue 30: its
-place is marked in :data:`~rollout.devtools.chaos.scenarios.SCENARIOS`.)
+``engine_server_kill``
+    The real vLLM engine (:mod:`rollout.devtools.chaos.faults_engine`): the bench starts two vLLM
+    CPU servers behind vllm-router (the checkpoint ``local.backend=vllm`` writes) and runs the job
+    against them with ``policy.engine=vllm``; at 1 delivered with ``ceil(N/3)`` outstanding it
+    SIGKILLs the server running the most calls (its process group) and starts it again on the same
+    port (vllm-router re-sends the dead worker's calls to the live one itself; the row counts them
+    from its log); statuses a random model's episodes end with, or ``policy_error``, and the server
+    back and listed healthy. Injected: ``kills``. Where vLLM is not installed (``bash
+    launch/install_vllm.sh``) the run goes on without the fault (not injected, saying why).
 
 **Verdicts** (the row's ``verdict``; ``ok`` is true only for ``ok``):
 

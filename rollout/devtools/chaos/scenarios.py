@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rollout.devtools.chaos import faults as F
+from rollout.devtools.chaos import faults_engine as E
 from rollout.devtools.chaos import faults_infra as I
 from rollout.devtools.chaos import faults_storage as S
 from rollout.devtools.chaos import faults_trainer as T
@@ -18,6 +19,6 @@ SCENARIOS: dict[str, Callable[[Fault], None]] = {
     "disk_full": S.fault_disk_full, "journal_torn_tail": S.fault_journal_torn_tail, "journal_corrupt_line": S.fault_journal_corrupt_line,
     "weight_update_half_done": T.fault_weight_update_half_done, "straggler": T.fault_straggler,
     "user_sim_server_death": I.fault_user_sim_server_death, "actor_oom": I.fault_actor_oom, "network_partition": I.fault_network_partition,
-    # "engine_server_kill": the vLLM engine's server SIGKILLed mid-run, once the engine exists (issue 30)
+    "engine_server_kill": E.fault_engine_server_kill,
 }
 FAULTS = tuple(SCENARIOS)
