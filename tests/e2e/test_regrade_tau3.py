@@ -62,7 +62,10 @@ def test_regrade_of_a_26_3_retail_run_under_v1_0_1_lists_the_tasks_whose_reward_
     out = tmp_path / "regrade.json"
     with StandinJudge() as judge:
         env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", OPENAI_API_BASE=judge.url, OPENAI_API_KEY="standin")
-        proc = subprocess.run([sys.executable, "-m", "rollout", "regrade", str(run), "--out", str(out), "--no-progress"],
+        # the run's own env.judge had no endpoint (26.3 grades no NL assertions; the local stack's judge
+        # is gone with it): the stand-in is named here, as a user re-grading under τ³ names theirs
+        proc = subprocess.run([sys.executable, "-m", "rollout", "regrade", str(run), "--out", str(out), "--no-progress",
+                               f"env.judge.base_url={judge.url}", "env.judge.model=standin"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
         calls = judge.calls
     print(proc.stdout)
