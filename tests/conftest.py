@@ -16,6 +16,13 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray starts its workers (the rollout actors among them) at niceness 15 by default; the suite's
+# other processes (the vLLM CPU servers above all) run at 0, and the kernel weighs 15 against 0 as
+# 36 to 1024: under CI's load (40-66 on 2 cores) a CI run's straggler test waited 601 s for
+# episodes that take 3 s alone. Measured here with 6 busy processes at 0: the straggler test's
+# actor at 15 was not even ready after 280 s; at 0 the test passed in 13 s. Every Ray the tests
+# start (in-process or through the CLI) inherits this: the actors run at everything else's priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(scope="session")

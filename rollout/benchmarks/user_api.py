@@ -114,9 +114,11 @@ def scripted_answer(agent_message: str | None, answers: int, max_answers: int, i
 # -- the llm user's endpoint, checked before any episode -------------------------------------------
 #: Bound, in seconds, on the one-time loads before a process's first user-simulator call (tau2's
 #: guidelines file and ``import litellm``). It is not ``env.user.timeout_s``, which bounds one
-#: call: the import takes about 2 s on an idle machine and was measured at over 5 s on a loaded
-#: 2-core CI runner, so a tight per-call timeout must not fail the first episode of every process.
-LOAD_TIMEOUT_S = 60.0
+#: call: the import takes about 2 s on an idle machine, and on a 2-core CI runner under the test
+#: suite's load (40-66) it was measured at over 5 s and once at over 60 s, so a tight per-call
+#: timeout must not fail the first episode of every process. The bound is there for a load that
+#: hangs (litellm reaching for the network), not for a slow one.
+LOAD_TIMEOUT_S = 300.0
 
 
 def import_litellm() -> Any:

@@ -116,6 +116,19 @@ def key(monkeypatch):
     return SECRET
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_time_loads_done():
+    """A process's one-time loads (tau2's guidelines, ``import litellm``) done before these tests,
+    unbounded, as a long-lived actor has them after its first episode: the times asserted here are
+    of retries and waits, and a CI runner under the suite's load once spent over 60 s importing
+    litellm inside test_429_then_ok_waits_for_retry_after. The loads' own bound is tested by
+    test_a_slow_first_import_is_not_held_to_the_per_call_timeout."""
+    import rollout.benchmarks.tau2.user as user_mod
+
+    user_mod.user_prompt_parts(use_tools=False)
+    user_mod._import_litellm()
+
+
 @pytest.fixture(scope="module")
 def task():
     from rollout.benchmarks.tau2.environment import _domain_module

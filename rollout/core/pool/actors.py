@@ -20,6 +20,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rollout.core.config import Config
 from rollout.core.environment import domain_key
+from rollout.core.pool import raycalls
 from rollout.core.pool.raymetrics import RayRecorder
 from rollout.core.records import EpisodeSpec, TaskIssue
 from rollout.core.registry import registered_paths, restore_paths
@@ -192,7 +193,7 @@ class ActorSet:
         """
         p = self.cfg.pool
         try:
-            answers = ray.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors]
+            answers = raycalls.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors]
                               + [self.actors[0].domain_task_ids.remote(), self.actors[0].domain_open_issues.remote()])
             n = len(self.actors)
             infos, loops, self.task_ids, self.task_issues = answers[:n], answers[n:2 * n], answers[-2], answers[-1]
@@ -227,7 +228,7 @@ class ActorSet:
                 except Exception:  # the actor may already be gone
                     pass
             try:
-                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+                raycalls.wait(refs, num_returns=len(refs), timeout=timeout_s)
             except Exception as e:
                 logger.debug("closing actors: %r", e)
             for a in self.actors:
@@ -260,7 +261,7 @@ class ActorSet:
         """Tell every actor that the backend was seen answering
         (:meth:`rollout.core.worker.RolloutWorker.arm_breaker`); best effort (logged at DEBUG)."""
         try:
-            ray.get([a.arm_breaker.remote() for a in self.actors], timeout=timeout_s)
+            raycalls.get([a.arm_breaker.remote() for a in self.actors], timeout=timeout_s)
         except Exception as e:
             logger.debug("arm_breaker: %r", e)
 
@@ -269,7 +270,7 @@ class ActorSet:
         each actor's answer; an actor that fails to answer is logged (WARNING), not raised."""
         for i, ids in by_actor.items():
             try:
-                ray.get(self.actors[i].cancel.remote(ids), timeout=30)
+                raycalls.get(self.actors[i].cancel.remote(ids), timeout=30)
             except (RayActorError, RayTaskError, GetTimeoutError) as e:
                 logger.warning("cancel on actor %d failed: %r", i, e)
 
@@ -283,7 +284,7 @@ class ActorSet:
             except Exception as e:
                 logger.debug("cancel on actor %d: %r", i, e)
         try:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            raycalls.wait(refs, num_returns=len(refs), timeout=timeout_s)
         except Exception as e:
             logger.debug("cancel: %r", e)
 
@@ -296,7 +297,7 @@ class ActorSet:
         answers = []
         for i, ref in refs.items():
             try:
-                answers.append(ray.get(ref, timeout=30))
+                answers.append(raycalls.get(ref, timeout=30))
             except (RayActorError, RayTaskError, GetTimeoutError) as e:
                 logger.warning("actor %d: could not %s its generation gate: %r", i, "open" if open_ else "close", e)
         return answers
@@ -307,7 +308,7 @@ class ActorSet:
         Raises:
             ray.exceptions.RayActorError: an actor is dead.
         """
-        return ray.get([a.info.remote() for a in self.actors])
+        return raycalls.get([a.info.remote() for a in self.actors])
 
     def loop_lags(self, reset: bool = False, timeout_s: float | None = 60.0) -> list[dict]:
         """Each actor's :meth:`rollout.core.worker.RolloutWorker.loop_lag`, in actor order.
@@ -316,4 +317,4 @@ class ActorSet:
             ray.exceptions.GetTimeoutError: an actor did not answer within ``timeout_s``.
             ray.exceptions.RayActorError: an actor is dead.
         """
-        return ray.get([a.loop_lag.remote(reset) for a in self.actors], timeout=timeout_s)
+        return raycalls.get([a.loop_lag.remote(reset) for a in self.actors], timeout=timeout_s)

@@ -26,6 +26,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
 from rollout.core.config import PoolConfig
 from rollout.core.jsonl import OutputWriteError
+from rollout.core.pool import raycalls
 from rollout.core.pool.actors import ActorSet
 from rollout.core.pool.errors import JournalWriteError, NoHealthyActorError, RayHeadLostError, RunInterrupted
 from rollout.core.pool.ledger import Delivery, EpisodeLedger
@@ -188,7 +189,7 @@ class Scheduler:
             if waitables:
                 wait_s = 1.0 if (self._down or timeout_s is None) else min(timeout_s, 1.0)
                 try:
-                    ready, _ = ray.wait(waitables, num_returns=1, timeout=wait_s)
+                    ready, _ = raycalls.wait(waitables, num_returns=1, timeout=wait_s)
                 except Exception as e:  # Ray itself failing (e.g. the head going away)
                     logger.warning("ray.wait failed: %r", e)
                     time.sleep(0.5)
@@ -230,7 +231,7 @@ class Scheduler:
         re-queued. Every Ray error is handled (the actor died or restarted, the object was lost,
         its owner died, the task was cancelled, a serialisation failure, ...)."""
         try:
-            return ray.get(ref, timeout=60)
+            return raycalls.get(ref, timeout=60)
         except RayActorError as e:
             err = f"actor lost: {death_cause(e)}"
         except RayTaskError as e:  # RolloutWorker.run never raises; this is a serialisation or Ray failure
@@ -282,7 +283,7 @@ class Scheduler:
 
     def _health_answer(self, i: int, ref) -> None:
         try:
-            ray.get(ref, timeout=30)
+            raycalls.get(ref, timeout=30)
         except Exception:  # any Ray error: not back yet
             self._down[i] = (None, time.monotonic() + 1.0)  # still restarting: ask again in 1 s
             return

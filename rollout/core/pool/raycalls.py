@@ -1,0 +1,90 @@
+"""The driver's blocking Ray calls (``ray.get``, ``ray.wait``), with what a signal handler
+raised while the driver waited given back as itself.
+
+Ray's wait checks for signals from C++: a handler's ``KeyboardInterrupt`` comes out as
+``KeyboardInterrupt``, but anything else a handler raises (``rollout.app.signals.Interrupted``
+from the CLI's SIGINT / SIGTERM handler before the pool runs, pytest-timeout's ``Failed``, a
+trainer's own) is left pending and comes out as a ``SystemError`` ("returned a result with an
+exception set") whose ``__cause__`` is that exception (seen with Ray 2.x here: a test's 300 s
+timeout inside ``RolloutPool.start``). The pool's loops catch ``Exception`` around Ray calls, so
+such a ``SystemError`` was taken for a Ray failure and the run went on (a CI run's collect_groups
+went on for 601 s past its test's timeout). Every blocking Ray call of the pool goes through
+:func:`get` and :func:`wait`, which raise the handler's exception instead. A handler that must
+stop a pool should raise a ``BaseException`` (as ``KeyboardInterrupt`` is), which the pool's
+``except Exception`` clauses let through, or call ``RolloutPool.interrupt``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError
+
+__all__ = ["SLICE_S", "get", "raised_by_signal_handler", "wait"]
+
+#: Longest single Ray wait, in seconds: a signal handler's exception is only seen when Ray's
+#: call returns (a bare ``ray.get`` of an actor still starting returns when the actor is ready),
+#: so longer waits are made of slices this long.
+SLICE_S = 1.0
+
+
+def raised_by_signal_handler(error: BaseException) -> BaseException | None:
+    """The exception a signal handler raised during a Ray call, when ``error`` is Ray's
+    ``SystemError`` wrapping it (its ``__cause__``); ``None`` for any other error."""
+    if isinstance(error, SystemError) and error.__cause__ is not None:
+        return error.__cause__
+    return None
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except SystemError as e:
+        cause = raised_by_signal_handler(e)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def wait(refs: list, *, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
+    """``ray.wait(refs, num_returns=num_returns, timeout=timeout)``: ``(ready, not ready)``,
+    waited in slices of at most :data:`SLICE_S` (``timeout`` in seconds; ``None``: until
+    ``num_returns`` are ready).
+
+    Raises:
+        BaseException: what a signal handler raised while waiting (see the module docstring),
+            within about :data:`SLICE_S`; and whatever ``ray.wait`` raises otherwise.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _left(deadline)
+        step = SLICE_S if left is None else max(0.0, min(SLICE_S, left))
+        ready, rest = _call(ray.wait, refs, num_returns=num_returns, timeout=step)
+        if len(ready) >= num_returns or (left is not None and left <= SLICE_S):
+            return ready, rest
+
+
+def get(refs: Any, *, timeout: float | None = None) -> Any:
+    """``ray.get(refs, timeout=timeout)`` (one ref or a list; ``timeout`` in seconds, ``None``:
+    no bound), waited for in slices of at most :data:`SLICE_S`.
+
+    Raises:
+        BaseException: what a signal handler raised while waiting (see the module docstring),
+            within about :data:`SLICE_S`.
+        ray.exceptions.GetTimeoutError: not every object was ready within ``timeout``.
+        Whatever ``ray.get`` raises for a ready object (``RayActorError``, ``RayTaskError``, ...).
+    """
+    pending = list(dict.fromkeys(refs if isinstance(refs, list) else [refs]))  # ray.wait wants unique refs
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        left = _left(deadline)
+        if left is not None and left <= 0:
+            raise GetTimeoutError(f"Get timed out: {len(pending)} object(s) not ready after {timeout:g} s")
+        _, pending = wait(pending, num_returns=len(pending), timeout=SLICE_S if left is None else min(SLICE_S, left))
+    return _call(ray.get, refs)
