@@ -89,11 +89,20 @@ def ray_address(configured: str | None) -> str | None:
     return "local"
 
 
+#: What Ray's bare ``Exception`` says when a new local node's raylet did not register in time
+#: (``ray/_private/node.py``, Ray 2.x); :func:`_init_ray` turns it into one line.
+RAY_START_TIMED_OUT = "timed out during startup"
+
+
 def _init_ray(configured: str | None) -> None:
     """``ray.init`` on :func:`ray_address`, after preflight's one-line check of a named address.
 
     Raises:
-        rollout.core.startup.PreflightError: ``configured`` does not answer.
+        rollout.core.startup.PreflightError: ``configured`` does not answer; or a new local
+            cluster did not start (Ray gives its raylet a fixed 30 s to register,
+            ``ray/_private/node.py``, and raises a bare ``Exception`` saying so): one line saying
+            what to do, instead of Ray's traceback. The half-started Ray processes share the
+            driver's fate (Ray's kernel fate-sharing on Linux) and end with it.
     """
     check_ray_address(configured)
     address = ray_address(configured)
@@ -109,6 +118,12 @@ def _init_ray(configured: str | None) -> None:
     extra = {"_system_config": {"prestart_worker_first_driver": False}} if address == "local" and not PRESTART_IDLE_WORKERS else {}
     try:
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True, **extra)
+    except Exception as e:
+        if RAY_START_TIMED_OUT not in str(e):
+            raise
+        raise PreflightError("Ray's new local cluster did not start (its raylet did not register within Ray's fixed 30 s: "
+                             "the machine is busy?): run again, or start Ray once with `ray start --head` and set "
+                             "pool.ray_address=auto") from None
     finally:
         quiet.setLevel(level)
 

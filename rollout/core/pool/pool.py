@@ -140,8 +140,9 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
                 overlaps the local stack's start-up and the preflight checks with the actors' this way.
 
         Raises:
-            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
-                ``pool.ray_address`` does not answer (one line, before any actor starts).
+            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here,
+                ``pool.ray_address`` does not answer, or a new local Ray cluster did not start in
+                Ray's fixed 30 s (one line, before any actor starts).
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
