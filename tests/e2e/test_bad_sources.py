@@ -144,6 +144,7 @@ def test_a_local_ray_that_does_not_start_is_one_line_and_the_stack_is_stopped(tm
         return real_start(self, *a, **k)
 
     monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a process with no Ray yet (another test here may have one)
     monkeypatch.setattr(LocalStack, "start", start)
     rc, line, _ = _run(tmp_path, capsys)
     assert rc == 2 and line.startswith("error: Ray's new local cluster did not start") and "pool.ray_address=auto" in line, line
