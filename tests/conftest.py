@@ -64,6 +64,16 @@ def retail_stack(tmp_path_factory):
     stack.stop()
 
 
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    """Two gold-replay servers for retail behind the real sglang-router, for one test module (its
+    tests arm proxies in front of them and put their weight versions back: the half-done update
+    and straggler tests)."""
+    stack = _stack("gold_replay", "retail", tmp_path_factory, num_servers=2)
+    yield stack
+    stack.stop()
+
+
 @pytest.fixture(scope="session")
 def airline_stack(tmp_path_factory):
     stack = _stack("gold_replay", "airline", tmp_path_factory)

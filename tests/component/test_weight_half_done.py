@@ -20,15 +20,6 @@ from rollout.devtools.chaos.proxies import WorkerProxy
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def two_servers(tmp_path_factory):
-    from conftest import _stack
-
-    stack = _stack("gold_replay", "retail", tmp_path_factory, num_servers=2)
-    yield stack
-    stack.stop()
-
-
 @pytest.fixture
 def proxies(two_servers):
     ps = [WorkerProxy(u).start() for u in two_servers.worker_urls]

@@ -14,21 +14,13 @@ import urllib.request
 
 import pytest
 from support.proxied_router import proxied_router
+from support.raypool import pool_config
+from support.raypool import wait_until as _wait
 
-from rollout.core.config import load_config
 from rollout.core.records import EpisodeStatus
 from rollout.devtools.chaos.proxies import WorkerProxy
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def two_servers(tmp_path_factory):
-    from conftest import _stack
-
-    stack = _stack("gold_replay", "retail", tmp_path_factory, num_servers=2)
-    yield stack
-    stack.stop()
 
 
 @pytest.fixture
@@ -47,15 +39,7 @@ def behind_proxy(two_servers, tmp_path):
 
 
 def _cfg(router_url: str, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=1", "pool.max_concurrent_episodes=8",
-                              "pool.num_cpus_per_actor=0.5", *overrides])
-
-
-def _wait(cond, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return pool_config(router_url, *overrides, max_concurrent_episodes=8)
 
 
 def test_a_half_done_update_is_rolled_forward_and_no_episode_meets_two_versions(ray_cluster, behind_proxy, retail):

@@ -11,8 +11,8 @@ import errno
 import os
 
 import pytest
+from support.raypool import pool_config
 
-from rollout.core.config import load_config
 from rollout.core.journal import EPISODES_FILE, RunJournal
 from rollout.core.jsonl import read_lines
 
@@ -20,8 +20,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _cfg(router_url: str, out, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=1", "pool.max_concurrent_episodes=4",
-                              "pool.num_cpus_per_actor=0.5", f"rollout.output_dir={out}", *overrides])
+    return pool_config(router_url, f"rollout.output_dir={out}", *overrides)
 
 
 class FillingDisk:

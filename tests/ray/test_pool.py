@@ -5,16 +5,15 @@ from __future__ import annotations
 import collections
 
 import pytest
+from support.raypool import pool_config
 
-from rollout.core.config import load_config
 from rollout.core.records import Batch, EpisodeStatus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _cfg(router_url: str, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=2", "pool.max_concurrent_episodes=4",
-                              "pool.num_cpus_per_actor=0.5", *overrides])
+    return pool_config(router_url, *overrides, num_actors=2)
 
 
 def test_pool_streams_complete_groups_exactly_once(ray_cluster, retail_stack, retail):

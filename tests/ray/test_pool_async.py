@@ -13,16 +13,15 @@ import time
 import urllib.request
 
 import pytest
+from support.raypool import pool_config
 
-from rollout.core.config import load_config
 from rollout.core.pool import RolloutPool
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _cfg(router_url: str, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=2", "pool.max_concurrent_episodes=4",
-                              "pool.num_cpus_per_actor=0.5", "rollout.n_samples_per_task=2", *overrides])
+    return pool_config(router_url, "rollout.n_samples_per_task=2", *overrides, num_actors=2)
 
 
 async def _start(cfg) -> RolloutPool:

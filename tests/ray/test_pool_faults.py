@@ -7,23 +7,12 @@ import collections
 import time
 
 import pytest
+from support.raypool import pool_config as _cfg
+from support.raypool import wait_until as _wait
 
-from rollout.core.config import load_config
 from rollout.core.records import EpisodeStatus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-def _cfg(router_url: str, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=1", "pool.max_concurrent_episodes=4",
-                              "pool.num_cpus_per_actor=0.5", *overrides])
-
-
-def _wait(cond, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _running(pool) -> int:

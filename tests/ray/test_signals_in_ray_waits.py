@@ -13,8 +13,7 @@ import time
 import traceback
 
 import pytest
-
-from rollout.core.config import load_config
+from support.raypool import pool_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -89,8 +88,7 @@ def test_a_handlers_exception_stops_the_trainer_apis_wait_for_results(ray_cluste
 
     from rollout.core.pool import RolloutPool
 
-    pool = RolloutPool(load_config(None, [f"policy.router_url={retail_stack.router_url}", "pool.num_actors=1",
-                                          "pool.num_cpus_per_actor=0.5"])).start()
+    pool = RolloutPool(pool_config(retail_stack.router_url)).start()
     try:
         ray.get(pool.actors[0].pause_generation.remote(), timeout=30)  # the episodes wait at their first call
         pool.submit_tasks(retail.task_ids("base")[:2])
@@ -110,8 +108,7 @@ def test_sigint_while_the_actors_start_is_interrupted_not_a_system_error(ray_clu
     from rollout.app.signals import Interrupted, SignalStop
     from rollout.core.pool import RolloutPool
 
-    pool = RolloutPool(load_config(None, [f"policy.router_url={retail_stack.router_url}", "pool.num_actors=1",
-                                          "pool.num_cpus_per_actor=0.5"]))
+    pool = RolloutPool(pool_config(retail_stack.router_url))
     pool.start(wait=False)  # the actors are created; they load the domain and the tokenizer meanwhile
     timer = threading.Timer(0.05, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
     try:

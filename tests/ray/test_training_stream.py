@@ -12,8 +12,8 @@ import json
 
 import pytest
 from support.fault_proxy import FaultProxy
+from support.raypool import pool_config
 
-from rollout.core.config import load_config
 from rollout.core.groups import GROUP_CANCELLED, GROUP_DROPPED, ZERO_VARIANCE
 from rollout.core.output import RunWriter, read_samples
 from rollout.core.pool import RolloutPool, make_specs
@@ -23,8 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _cfg(router_url: str, *overrides: str):
-    return load_config(None, [f"policy.router_url={router_url}", "pool.num_actors=2", "pool.max_concurrent_episodes=4",
-                              "pool.num_cpus_per_actor=0.5", "policy.max_request_retries=0", *overrides])
+    return pool_config(router_url, "policy.max_request_retries=0", *overrides, num_actors=2)
 
 
 def _ids(samples) -> list[str]:
