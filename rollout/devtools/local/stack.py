@@ -88,12 +88,12 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import http.client
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -111,6 +111,7 @@ from rollout.core.engines import EngineJob
 from rollout.core.eventloop import check_event_loop
 from rollout.core.startup import PreflightError, importable
 from rollout.core.tokenizer import resolve_tokenizer_path
+from rollout.devtools.local.ports import free_port
 from rollout.devtools.local.vllm.processes import log_tail
 
 logger = logging.getLogger(__name__)
@@ -264,13 +265,6 @@ def _kv_args(local: LocalConfig) -> list[str]:
     params = dataclasses.asdict(local.kv)
     think = params.pop("think_tokens", 0)
     return KVParams(**params).cli_args() + (["--gold-think-tokens", str(think)] if think else [])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it; a race is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _http(method: str, url: str, body: dict | None = None, timeout: float = 5.0,
@@ -559,7 +553,7 @@ class LocalStack:
                 if status == 200 and isinstance(json.loads(body).get("output_ids"), list):
                     return
                 last = f"HTTP {status}: {body[:300]!r}"
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPException: not an HTTP/1 answer
                 last = repr(e)
             if time.monotonic() > deadline:
                 raise self._fail(f"POST /generate through the router did not succeed (last: {last})", timeout_s)
@@ -571,7 +565,7 @@ class LocalStack:
             if status != 200:
                 return None
             data = json.loads(body)
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # e.g. BadStatusLine: another server on the port
             return None
         workers = data.get("workers", []) if isinstance(data, dict) else []
         return {str(w.get("url", "")).rstrip("/") for w in workers if isinstance(w, dict) and w.get("is_healthy")}

@@ -43,7 +43,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,6 +50,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Sequence
+
+from rollout.devtools.local.ports import free_port
 
 __all__ = ["VLLM_PYTHON_ENV", "DEFAULT_VENV", "VllmServer", "VllmRouter", "find_vllm_python", "vllm_missing",
            "free_port", "http_json"]
@@ -98,13 +99,6 @@ def vllm_missing(python: str | os.PathLike | None = None) -> str | None:
     if not (py.parent / "vllm-router").exists():
         return f"the venv of {py} has no vllm-router; install it with {INSTALL_HINT}"
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the OS picks it; a race with another process is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def http_json(method: str, url: str, body: dict | None = None, timeout: float = 10.0,
