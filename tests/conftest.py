@@ -25,6 +25,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 
+def pytest_configure(config):
+    """One retry log per session, shared by the xdist workers (they inherit the environment of the
+    process that starts them): ``support.retries``."""
+    from support.retries import ENV
+
+    if not hasattr(config, "workerinput") and not os.environ.get(ENV):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="tau-rollout-retries-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[ENV] = path
+        config._retry_log = path
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """``retries: N`` and one line per retry, as the session's last lines (the controller only)."""
+    from support.retries import ENV, read
+
+    if hasattr(config, "workerinput"):
+        return
+    retries = read(os.environ.get(ENV, ""))
+    terminalreporter.write_line(f"retries: {len(retries)}")
+    for r in retries:
+        terminalreporter.write_line(f"  retry: {r['test']}: {r['what']}: {r['reason']}")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from rollout.core.tokenizer import load_tokenizer
