@@ -305,6 +305,12 @@ class RunIndex:
         with self._lock:
             return [r.to_json() for r in sorted(self._rows.values(), key=lambda r: r.order) if r.rev > since]
 
+    def changes(self, since: int = 0) -> dict[str, Any]:
+        """``{"revision", "epoch", "rows"}``: :meth:`rows` changed after ``since`` and the revision
+        and epoch they are of, read together (a refresh in another thread cannot come between)."""
+        with self._lock:
+            return {"revision": self.revision, "epoch": self.epoch, "rows": self.rows(since)}
+
     def row(self, episode_id: str) -> EpisodeRow:
         """The row of one episode.
 

@@ -39,7 +39,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 import orjson
 from aiohttp import web
@@ -121,8 +121,7 @@ class Viewer:
             since = int(request.query.get("since", "0"))
         except ValueError:
             raise web.HTTPBadRequest(text="since must be an integer") from None
-        rows = await _off_loop(run.rows, since)
-        return _json({"revision": run.revision, "epoch": run.epoch, "rows": rows})
+        return _json(await _off_loop(run.changes, since))
 
     def _episode_id(self, request: web.Request) -> str:
         """The ``id`` query parameter (400 without one)."""
@@ -196,7 +195,7 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json({"error": "internal error (see the viewer's log)"}, 500)
 
 
-def make_app(viewer: Viewer, hosts: set[str] | frozenset[str] | None = None) -> web.Application:
+def make_app(viewer: Viewer, hosts: Iterable[str] | None = None) -> web.Application:
     """The aiohttp application of ``viewer`` (see the module docstring for the routes).
 
     Args:
