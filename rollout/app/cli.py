@@ -243,7 +243,7 @@ def view(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host}, not loopback: anyone who can reach it reads the run's conversations", file=sys.stderr)
     compared = f" compared with {other.dir}" if other else ""
     print(f"viewer: {url}  ({run.dir}{compared}; Ctrl-C stops it)", flush=True)
-    asyncio.run(serve(Viewer(run, other, tokenizer=args.tokenizer), sock))
+    asyncio.run(serve(Viewer(run, other, tokenizer=args.tokenizer), sock, host=args.host))
     return 0
 
 

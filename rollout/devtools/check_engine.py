@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import aiohttp
 from aiohttp import web
 
+from rollout.app.webguard import local_guard
 from rollout.core.config import Config, ConfigError
 from rollout.core.episode import parse_request_id
 
@@ -94,7 +95,7 @@ class RecordingProxy:
 
     async def __aenter__(self) -> RecordingProxy:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=256 * 2**20)
+        app = web.Application(client_max_size=256 * 2**20, middlewares=[local_guard()])
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

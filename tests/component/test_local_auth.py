@@ -238,3 +238,78 @@ def test_stack_dies_with_the_process_that_started_it(tmp_path, starter):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# --------------------------------------------------------------------------- requests from other sites
+def _raw(url: str, path: str, headers: dict, body: bytes = b"") -> tuple[int, bytes]:
+    """A POST with exactly ``headers`` (what a browser's cross-site form or fetch() sends)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_server_without_a_key_refuses_admin_posts_from_other_sites(retail_stack):
+    """A ``text/plain`` POST needs no CORS pre-flight: any page the user visits could send one to
+    the admin routes of a server with no key. With a foreign ``Origin`` it is refused (403) and
+    nothing changes; without one (the router, the pool, curl) or from the server's own origin it
+    is served."""
+    [worker] = retail_stack.worker_urls
+    host = worker.removeprefix("http://")
+
+    def state() -> tuple[str, object]:
+        version = json.loads(_http("GET", worker + "/get_weight_version", timeout=10)[1])["weight_version"]
+        return version, json.loads(_http("GET", worker + "/get_server_info", timeout=10)[1])["pause_mode"]
+
+    before = state()
+    assert before[1] is None
+    evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+    for path, body in (("/update_weights_from_disk", {"model_path": "/tmp/evil", "weight_version": "evil"}),
+                       ("/pause_generation", {"mode": "abort"}), ("/flush_cache", {})):
+        status, answer = _raw(worker, path, evil, json.dumps(body).encode())
+        assert status == 403 and b"another site" in answer, (path, status, answer)
+    status, _ = _raw(worker, "/pause_generation", {"Content-Type": "text/plain", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"},
+                     b'{"mode": "abort"}')
+    assert status == 403
+    assert state() == before
+
+    status, answer = _raw(worker, "/pause_generation", {"Content-Type": "text/plain"}, b'{"mode": "abort"}')
+    assert status == 200, answer
+    assert state()[1] == "abort"
+    status, answer = _raw(worker, "/continue_generation", {"Content-Type": "application/json", "Origin": f"http://{host}"}, b"{}")
+    assert status == 200, answer
+    assert state() == before
+
+
+def test_the_chaos_stand_ins_refuse_requests_from_other_sites():
+    """The chaos tools' user-simulator stand-in and the engine check's recording proxy run the
+    same guard as the local server."""
+    import asyncio
+
+    from rollout.devtools.chaos.servers import FakeUserLLM
+    from rollout.devtools.check_engine import RecordingProxy
+
+    chat = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "ping"}]}).encode()
+    sim = FakeUserLLM()
+    sim.start()
+    try:
+        status, _ = _raw(sim.url, "/v1/chat/completions", {"Origin": "http://evil.example", "Content-Type": "text/plain"}, chat)
+        assert status == 403
+        status, answer = _raw(sim.url, "/v1/chat/completions", {"Content-Type": "application/json"}, chat)
+        assert status == 200 and json.loads(answer)["choices"], answer
+    finally:
+        sim.stop()
+
+    async def proxied() -> int:
+        async with RecordingProxy("http://127.0.0.1:9") as proxy:  # the upstream is never reached
+            return (await asyncio.to_thread(_raw, proxy.url, "/pause_generation", {"Origin": "http://evil.example"}, b"{}"))[0]
+
+    assert asyncio.run(proxied()) == 403

@@ -262,3 +262,106 @@ def test_a_shaped_episode_shows_both_rewards_and_its_tasks_open_issues(tmp_path)
     assert live["episodes_with_task_issues"] == 1
     ep = index.episode(specs[0].episode_id)
     assert ep["raw_reward"] == 1.0 and ep["task_issues"] == [issue.to_dict()] and ep["metadata"]["reward_shaping"][0]["shaper"] == "turn_discount"
+
+
+def _bytes_read_by_this_process() -> int:
+    """``rchar`` of /proc/self/io: bytes this process's read system calls returned, every file."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io to count the bytes read")
+def test_a_growing_unterminated_line_is_read_once_not_again_on_every_poll(tmp_path):
+    """A line written in pieces (a large episode sample mid-write) is completed by later reads,
+    which read only the bytes appended since the last one: 8 polls of a line growing by 2 MB read
+    about 16 MB, not 2 + 4 + ... + 16 = 72 MB."""
+    path = tmp_path / "episodes.jsonl"
+    path.write_text('{"a": 1}\n')
+    t = JsonlTail(path)
+    assert [x.value for x in t.read_new().lines] == [{"a": 1}]
+    piece = 2 * 1024 * 1024
+    before = _bytes_read_by_this_process()
+    with open(path, "a") as f:
+        f.write('{"b": "')
+        for _ in range(8):
+            f.write("x" * piece)
+            f.flush()
+            assert t.read_new().lines == []  # no newline yet: nothing complete
+        f.write('"}\n')
+    got = t.read_new()
+    read = _bytes_read_by_this_process() - before
+    assert [x.value for x in got.lines] == [{"b": "x" * (8 * piece)}] and got.lines[0].number == 2
+    assert t.offset == path.stat().st_size
+    assert read < 1.25 * 8 * piece, f"{read} bytes read for {8 * piece} bytes appended"
+
+
+def test_a_line_longer_than_the_cap_is_skipped_and_the_reading_goes_on(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(tail_mod, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(tail_mod, "CHUNK_BYTES", 10)
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n{"long": "' + "y" * 50)
+    t = JsonlTail(path)
+    assert [x.value for x in t.read_new().lines] == [{"a": 1}]
+    with open(path, "a") as f:
+        f.write("y" * 50)
+    with caplog.at_level(logging.WARNING, logger="rollout.app.viewer.tail"):
+        assert t.read_new().lines == []  # past the cap: dropped, not held
+        with open(path, "a") as f:
+            f.write('"}\n{"c": 3}\n')
+        got = t.read_new()
+    assert [(x.value, x.number) for x in got.lines] == [({"c": 3}, 3)] and got.skipped == 1
+    assert "x.jsonl:2: skipping a malformed line (longer than 64 bytes)" in caplog.text
+    assert read_line_at(path, got.lines[0].offset, got.lines[0].length) == {"c": 3}
+
+
+def test_run_files_that_are_not_regular_files_are_not_read(tmp_path, caplog):
+    """A FIFO or a link to /dev/zero under a run file's name reads as missing (one warning), never
+    blocks and never fills memory."""
+    (tmp_path / "specs.jsonl").write_text('{"episode_id": "e"}\n')
+    os.mkfifo(tmp_path / "run.json")
+    os.mkfifo(tmp_path / "episodes.jsonl")
+    os.symlink("/dev/zero", tmp_path / "summary.json")
+    os.symlink("/dev/zero", tmp_path / "samples.jsonl")
+    index = RunIndex(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        index.refresh()
+        state = index.state()
+    assert (state["status"], state["submitted"], state["episodes"], state["has_summary"]) == ("unknown", 1, 0, False)
+    assert index.summary_file() is None and index.state_file() is None
+    assert "run.json: not read (only regular files are)" in caplog.text and "samples.jsonl is not a regular file" in caplog.text
+    with pytest.raises(tail_mod.NotRegularFileError):
+        read_line_at(tmp_path / "episodes.jsonl", 0, 10)
+
+
+def test_a_line_with_an_integer_beyond_64_bits_is_skipped_as_malformed(tmp_path, caplog):
+    """``metadata.turns`` written as 100000000000000000000: the page's JSON (orjson) cannot carry
+    it, so its line is skipped with a warning like any malformed line, and the table holds the
+    other episodes. The journal's own reader (--resume, a replay) reads it as the integer it is."""
+    import orjson
+
+    from rollout.app.viewer.server import _json
+    from rollout.core.journal import load_run
+
+    out, journal, _ = _run(tmp_path)
+    specs = make_specs("retail", ["0"], 3)
+    journal.record_specs(specs)
+    for s in specs:
+        journal.record(_result(s))
+    journal.close("completed")
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    line = json.loads(lines[1])
+    line["metadata"]["turns"] = 10**20
+    lines[1] = json.dumps(line)
+    (out / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+    index = RunIndex(out)
+    with caplog.at_level(logging.WARNING):
+        index.refresh()
+    assert "episodes.jsonl:2: skipping a malformed line (ValueError: metadata.turns is 1e+20, beyond 64 bits)" in caplog.text
+    assert [r["episode_id"] for r in index.rows()] == [specs[0].episode_id, specs[2].episode_id] and index.skipped_lines == 1
+    assert _json({"rows": index.rows()}).status == 200 and orjson.loads(_json(index.live_summary()).body)["episodes"] == 2
+
+    run = load_run(out)
+    assert [s.metadata["turns"] for s, _ in run.episodes] == [2, 10**20, 2]
+    cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={out}"])
+    resumed = RunJournal.open(out, cfg, resume=True)
+    assert resumed.repairs == [] and len(resumed.delivered) == 3

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 import yaml
 
-from rollout.app.viewer.tail import JsonlTail, TailLine, TailRead, read_line_at
+from rollout.app.viewer.tail import JsonlTail, NotRegularFileError, TailLine, TailRead, open_regular, read_line_at
 from rollout.core.journal import EPISODES_FILE, SPECS_FILE, STATE_FILE
 from rollout.core.records import DEFAULT_TRAIN_STATUSES
 
@@ -47,6 +47,12 @@ CONFIG_FILE = "config.yaml"
 # A folder holding none of these is not a run's output (the GRPO example's folder holds only its
 # train log: launch/train_grpo_tiny.py).
 RUN_MARKERS = (STATE_FILE, SPECS_FILE, EPISODES_FILE, *RESULT_FILES, SUMMARY_FILE, TRAIN_LOG_FILE)
+# The largest whole-file document read (run.json, summary.json, eval.json, config.yaml; bytes):
+# theirs are kilobytes, a larger one is not what the run wrote.
+MAX_SMALL_FILE_BYTES = 32 * 1024 * 1024
+# The page's JSON carries integers of 64 bits at most (orjson); a row's count beyond that marks
+# its line malformed, so that it cannot make every answer holding the table fail.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 class NotARunError(ValueError):
@@ -140,11 +146,29 @@ class EpisodeRow:
         return d
 
 
+def _count(value: Any, key: str) -> int:
+    """``value`` (a number, or empty for 0) as an int within 64 bits.
+
+    Raises:
+        ValueError: not a number, or beyond 64 bits (the message names ``key``).
+        TypeError: not a number or a string.
+    """
+    n = int(value or 0)
+    if not _INT_MIN <= n <= _INT_MAX:
+        raise ValueError(f"{key} is {value!r}, beyond 64 bits")
+    return n
+
+
 def row_from_sample(sample: dict[str, Any], order: int) -> EpisodeRow:
     """Build a row from one sample line (a dict of :meth:`TrainingSample.to_dict`'s shape).
 
-    Missing keys read as empty (a line of another version still shows); nothing raises for a
-    dict."""
+    Missing keys read as empty (a line of another version still shows).
+
+    Raises:
+        ValueError, TypeError: a count (``sample_index``, ``metadata.attempt``, ``metadata.turns``,
+            the sum of ``loss_mask``) is not a number or beyond 64 bits.
+        AttributeError: ``metadata`` is not an object.
+    """
     meta = sample.get("metadata") or {}
     timings = meta.get("timings") or {}
     versions: list[str] = []
@@ -156,11 +180,11 @@ def row_from_sample(sample: dict[str, Any], order: int) -> EpisodeRow:
     return EpisodeRow(
         episode_id=str(sample.get("episode_id") or meta.get("episode_id", "")), order=order, task_id=str(meta.get("task_id", "")),
         domain=str(meta.get("domain", "")), group_id=str(sample.get("group_id", "")),
-        sample_index=int(sample.get("sample_index") or 0), attempt=int(meta.get("attempt") or 0),
+        sample_index=_count(sample.get("sample_index"), "sample_index"), attempt=_count(meta.get("attempt"), "metadata.attempt"),
         status=str(sample.get("status", "")), reward=float(sample.get("reward") or 0.0),
         raw_reward=float(sample["raw_reward"] if sample.get("raw_reward") is not None else sample.get("reward") or 0.0),
-        task_issues=[str(i.get("title", "")) for i in sample.get("task_issues") or [] if isinstance(i, dict)], turns=int(meta.get("turns") or 0),
-        tokens=len(sample.get("tokens") or []), generated=int(sum(sample.get("loss_mask") or [])),
+        task_issues=[str(i.get("title", "")) for i in sample.get("task_issues") or [] if isinstance(i, dict)], turns=_count(meta.get("turns"), "metadata.turns"),
+        tokens=len(sample.get("tokens") or []), generated=_count(sum(sample.get("loss_mask") or []), "the sum of loss_mask"),
         segments=1 + len(sample.get("segment_starts") or []), versions=versions,
         duration_s=float(total) if isinstance(total, (int, float)) else None,
         termination=meta.get("termination_reason"),
@@ -185,7 +209,7 @@ class RunIndex:
         self.revision = 0
         self.epoch = 0
         self._lock = threading.RLock()
-        self._small: dict[str, tuple[float, int, Any]] = {}
+        self._small: dict[str, tuple[tuple[float, int, int, int], Any]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -281,6 +305,12 @@ class RunIndex:
         with self._lock:
             return [r.to_json() for r in sorted(self._rows.values(), key=lambda r: r.order) if r.rev > since]
 
+    def changes(self, since: int = 0) -> dict[str, Any]:
+        """``{"revision", "epoch", "rows"}``: :meth:`rows` changed after ``since`` and the revision
+        and epoch they are of, read together (a refresh in another thread cannot come between)."""
+        with self._lock:
+            return {"revision": self.revision, "epoch": self.epoch, "rows": self.rows(since)}
+
     def row(self, episode_id: str) -> EpisodeRow:
         """The row of one episode.
 
@@ -325,21 +355,32 @@ class RunIndex:
 
     def _small_file(self, name: str, parse: Any) -> Any:
         """A small whole-file document (``run.json``, ``summary.json``, ``config.yaml``), parsed
-        again only when its modification time or size changed; None when missing or unreadable."""
+        again only when its modification time or size changed; None when missing, unreadable, not
+        a regular file (a FIFO, a link to a device: never opened for a blocking read) or larger
+        than :data:`MAX_SMALL_FILE_BYTES` (each logged once as a warning)."""
         path = self.dir / name
         try:
             st = path.stat()
         except OSError:
             return None
+        key = (st.st_mtime, st.st_size, st.st_ino, st.st_mode)
         cached = self._small.get(name)
-        if cached is not None and cached[:2] == (st.st_mtime, st.st_size):
-            return cached[2]
+        if cached is not None and cached[0] == key:
+            return cached[1]
         try:
-            value = parse(path.read_bytes())
+            f, _ = open_regular(path)
+            with f:
+                data = f.read(MAX_SMALL_FILE_BYTES + 1)
+            if len(data) > MAX_SMALL_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_SMALL_FILE_BYTES} bytes, not read")
+            value = parse(data)
+        except NotRegularFileError:
+            logger.warning("%s: not read (only regular files are)", path)
+            value = None
         except (OSError, ValueError, yaml.YAMLError) as e:
             logger.warning("%s: cannot be read (%s)", path, str(e).splitlines()[0] if str(e) else type(e).__name__)
             value = None
-        self._small[name] = (st.st_mtime, st.st_size, value)
+        self._small[name] = (key, value)
         return value
 
     def state_file(self) -> dict[str, Any] | None:

@@ -20,9 +20,14 @@ they hold ``/`` and ``:``):
 * ``GET /api/compare``: :func:`~rollout.app.viewer.compare.compare_runs` (404 without ``--compare``).
 
 Every API call first reads what the run's files gained (at most every
-:data:`REFRESH_INTERVAL_S`, in a worker thread, so a large journal never stalls the event loop).
-An error in a handler answers a JSON ``{"error": ...}`` with its status and is logged; the server
-goes on.
+:data:`REFRESH_INTERVAL_S`); every read of a file happens in a worker thread, so neither a large
+journal nor a run file that is not a regular file stalls the event loop (such a file is not read at
+all: :func:`rollout.app.viewer.tail.open_regular`). An error in a handler answers a JSON
+``{"error": ...}`` with its status and is logged; the server goes on.
+
+Only requests of the page itself and of non-browser clients are served
+(:func:`rollout.app.webguard.local_guard`): a ``Host`` that is not the address the viewer listens on
+(DNS rebinding) is answered 421, a request from a page of another site 403.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 import orjson
 from aiohttp import web
@@ -42,12 +47,20 @@ from aiohttp import web
 from rollout.app.viewer.compare import compare_runs
 from rollout.app.viewer.data import RunIndex
 from rollout.app.viewer.tokens import DecoderCache, token_part
+from rollout.app.webguard import listen_names, local_guard
 
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # An API call re-reads the run's files when the last read is older than this (seconds).
 REFRESH_INTERVAL_S = 0.5
+
+T = TypeVar("T")
+
+
+async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the default executor's thread (a file read must never block the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -86,7 +99,7 @@ class Viewer:
             raise web.HTTPNotFound(text=f"no run {name!r} (runs: {', '.join(self.runs)})")
         async with self._locks[name]:
             if time.monotonic() - self._read_at.get(name, -1e9) >= self.refresh_interval_s:
-                await asyncio.get_running_loop().run_in_executor(None, run.refresh)
+                await _off_loop(run.refresh)
                 self._read_at[name] = time.monotonic()
         return run
 
@@ -98,7 +111,8 @@ class Viewer:
     async def state(self, request: web.Request) -> web.Response:
         """``GET /api/state``: :meth:`RunIndex.state`, ``runs`` and the tokenizer in use."""
         run = await self.index(request.query.get("run", "a"))
-        return _json({**run.state(), "runs": list(self.runs), "tokenizer": self.tokenizer or run.tokenizer_name()})
+        state, tokenizer = await _off_loop(lambda: (run.state(), self.tokenizer or run.tokenizer_name()))
+        return _json({**state, "runs": list(self.runs), "tokenizer": tokenizer})
 
     async def episodes(self, request: web.Request) -> web.Response:
         """``GET /api/episodes?since=REV``: the rows changed after ``REV``; 400 for a bad ``since``."""
@@ -107,8 +121,7 @@ class Viewer:
             since = int(request.query.get("since", "0"))
         except ValueError:
             raise web.HTTPBadRequest(text="since must be an integer") from None
-        rows = run.rows(since)
-        return _json({"revision": run.revision, "epoch": run.epoch, "rows": rows})
+        return _json(await _off_loop(run.changes, since))
 
     def _episode_id(self, request: web.Request) -> str:
         """The ``id`` query parameter (400 without one)."""
@@ -122,7 +135,7 @@ class Viewer:
         run = await self.index(request.query.get("run", "a"))
         eid = self._episode_id(request)
         try:
-            data = await asyncio.get_running_loop().run_in_executor(None, run.episode, eid)
+            data = await _off_loop(run.episode, eid)
         except KeyError:
             raise web.HTTPNotFound(text=f"no episode {eid!r} in {run.dir}") from None
         return _json(data)
@@ -132,15 +145,15 @@ class Viewer:
         :func:`token_part` per record of :meth:`RunIndex.sample_parts`); 400 / 404 as above."""
         run = await self.index(request.query.get("run", "a"))
         eid = self._episode_id(request)
-        name = self.tokenizer or run.tokenizer_name()
 
         def build() -> dict[str, Any]:
+            name = self.tokenizer or run.tokenizer_name()
             parts = run.sample_parts(eid)
             decoder, why = self.decoders.get(name)
             return {"tokenizer": name, "tokenizer_error": why, "parts": [token_part(label, s, decoder) for label, s in parts]}
 
         try:
-            data = await asyncio.get_running_loop().run_in_executor(None, build)
+            data = await _off_loop(build)
         except KeyError:
             raise web.HTTPNotFound(text=f"no episode {eid!r} in {run.dir}") from None
         return _json(data)
@@ -149,19 +162,20 @@ class Viewer:
         """``GET /api/summary``: ``live`` (:meth:`RunIndex.live_summary`), ``file`` (``summary.json``),
         ``eval`` (``eval.json``), ``run``."""
         run = await self.index(request.query.get("run", "a"))
-        return _json({"live": run.live_summary(), "file": run.summary_file(), "eval": run.eval_file(), "run": run.state_file()})
+        return _json(await _off_loop(lambda: {"live": run.live_summary(), "file": run.summary_file(), "eval": run.eval_file(),
+                                              "run": run.state_file()}))
 
     async def train_log(self, request: web.Request) -> web.Response:
         """``GET /api/trainlog``: ``{"lines": [...]}``, the lines of ``train_log.jsonl``."""
         run = await self.index(request.query.get("run", "a"))
-        return _json({"lines": run.train_log()})
+        return _json({"lines": await _off_loop(run.train_log)})
 
     async def compare(self, request: web.Request) -> web.Response:
         """``GET /api/compare``: :func:`compare_runs` of ``a`` and ``b``; 404 without ``--compare``."""
         if "b" not in self.runs:
             raise web.HTTPNotFound(text="no --compare run")
         a, b = await self.index("a"), await self.index("b")
-        return _json(compare_runs(a, b))
+        return _json(await _off_loop(compare_runs, a, b))
 
 
 @web.middleware
@@ -181,9 +195,15 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json({"error": "internal error (see the viewer's log)"}, 500)
 
 
-def make_app(viewer: Viewer) -> web.Application:
-    """The aiohttp application of ``viewer`` (see the module docstring for the routes)."""
-    app = web.Application(middlewares=[_errors])
+def make_app(viewer: Viewer, hosts: Iterable[str] | None = None) -> web.Application:
+    """The aiohttp application of ``viewer`` (see the module docstring for the routes).
+
+    Args:
+        hosts: the names the viewer answers to (:func:`rollout.app.webguard.listen_names` of the
+            address it listens on); None: any ``Host`` (requests from other sites are refused
+            either way).
+    """
+    app = web.Application(middlewares=[local_guard(hosts), _errors])
     app.router.add_get("/", viewer.page)
     app.router.add_get("/api/state", viewer.state)
     app.router.add_get("/api/episodes", viewer.episodes)
@@ -227,10 +247,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(viewer: Viewer, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
+async def serve(viewer: Viewer, sock: socket.socket, stop: asyncio.Event | None = None, host: str | None = None) -> None:
     """Serve ``viewer`` on ``sock`` until ``stop`` is set, or SIGINT / SIGTERM arrives (main thread
     only); then close the server. The runs' files are read once at the start (a request that
-    comes meanwhile waits for that read)."""
+    comes meanwhile waits for that read). A request whose ``Host`` names neither ``sock``'s
+    address nor ``host`` (the name the viewer was told to listen on, e.g. ``--host``) is answered
+    421 (:func:`rollout.app.webguard.local_guard`)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
@@ -240,7 +262,8 @@ async def serve(viewer: Viewer, sock: socket.socket, stop: asyncio.Event | None 
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
             pass
-    runner = web.AppRunner(make_app(viewer), access_log=None)
+    names = listen_names(str(sock.getsockname()[0])) | (listen_names(host) if host else frozenset())
+    runner = web.AppRunner(make_app(viewer, names), access_log=None)
     await runner.setup()
     try:
         site = web.SockSite(runner, sock)

@@ -6,12 +6,17 @@ Decoding happens here, on the server, with the tokenizer the run used (``policy.
 per token. A token that is only part of a multi-byte character decodes to U+FFFD on its own; it is
 shown as its vocabulary piece instead (flag :data:`PARTIAL`). When the tokenizer cannot be loaded
 (a cluster path on a laptop), the view still shows every token, as its id.
+
+The viewer never reaches a model hub (:func:`local_tokenizer_source`): a hub id is decoded with the
+copy in the local hub cache, and without one the view shows ids and says why.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from rollout.core.trajectory import TrajectoryError, check_segments, check_spans
@@ -154,17 +159,49 @@ def token_part(label: str, sample: dict[str, Any], decoder: TokenDecoder | None)
     }
 
 
+class TokenizerNotLocalError(LookupError):
+    """A tokenizer that is not on this machine (the viewer fetches nothing); the message says why."""
+
+
+def local_tokenizer_source(name: str) -> str:
+    """What to load for the tokenizer ``name`` without reaching a model hub: ``name`` itself for a
+    ``builtin:`` vocabulary (package files) or an existing local folder; for a hub id, the folder
+    of its copy in the local hub cache (``huggingface_hub.try_to_load_from_cache``: no network).
+
+    Raises:
+        TokenizerNotLocalError: neither a folder here nor in the local hub cache (one line, naming
+            ``name``).
+    """
+    if name.startswith("builtin:") or Path(os.path.expanduser(name)).exists():
+        return name
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        try_to_load_from_cache = None
+    for filename in ("tokenizer_config.json", "tokenizer.json"):
+        try:
+            found = try_to_load_from_cache(name, filename) if try_to_load_from_cache is not None else None
+        except ValueError:  # not a hub id either (HFValidationError)
+            break
+        if isinstance(found, str):
+            return str(Path(found).parent)
+    raise TokenizerNotLocalError(f"tokenizer {name!r} is not on this machine (no such folder, not in the local hub cache) "
+                                 "and the viewer fetches nothing from the network; pass --tokenizer with a local folder "
+                                 "holding its tokenizer files; showing ids")
+
+
 class DecoderCache:
     """The token decoders of the runs a viewer serves, loaded once per tokenizer name, in the
-    thread that first asks (loading takes a second or more). Thread-safe."""
+    thread that first asks (loading takes a second or more), from this machine only
+    (:func:`local_tokenizer_source`). Thread-safe."""
 
     def __init__(self) -> None:
         self._decoders: dict[str, TokenDecoder | str] = {}
         self._lock = threading.Lock()
 
     def get(self, name: str | None) -> tuple[TokenDecoder | None, str | None]:
-        """``(decoder, None)``, or ``(None, why)`` when ``name`` is None or cannot be loaded (the
-        reason is logged once as a warning and remembered)."""
+        """``(decoder, None)``, or ``(None, why)`` when ``name`` is None, is not on this machine or
+        cannot be loaded (the reason is logged once as a warning and remembered)."""
         if not name:
             return None, "the run's config.yaml names no policy.tokenizer"
         with self._lock:
@@ -173,7 +210,10 @@ class DecoderCache:
                 from rollout.core.tokenizer import load_tokenizer
 
                 try:
-                    got = TokenDecoder(load_tokenizer(name), name)
+                    got = TokenDecoder(load_tokenizer(local_tokenizer_source(name)), name)
+                except TokenizerNotLocalError as e:
+                    got = str(e)
+                    logger.warning("%s", got)
                 except Exception as e:  # noqa: BLE001 (any loader failure: the view falls back to ids)
                     got = f"tokenizer {name!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); showing ids"
                     logger.warning("%s", got)

@@ -122,7 +122,9 @@ class ForwardingApp(ThreadedApp):
     def _app(self):
         from aiohttp import web
 
-        app = web.Application(client_max_size=256 * 2**20)
+        from rollout.app.webguard import local_guard
+
+        app = web.Application(client_max_size=256 * 2**20, middlewares=[local_guard()])
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
@@ -278,7 +280,9 @@ class FakeUserLLM(ThreadedApp):
     def _app(self):
         from aiohttp import web
 
-        app = web.Application()
+        from rollout.app.webguard import local_guard
+
+        app = web.Application(middlewares=[local_guard()])
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         return app

@@ -97,6 +97,12 @@ API keys (as SGLang's ``--api-key`` / ``--admin-api-key``, ``sglang.srt.utils.au
 * Admin endpoints (:data:`ADMIN_PATHS`: abort, pause / continue, weight updates, flush cache)
   need the admin key when one is set, else the API key when one is set, else nothing.
 
+Requests from web pages of other sites (:func:`rollout.app.webguard.local_guard`, before the keys):
+a request whose ``Origin`` is not the server's own ``http://host:port``, or that a browser marks
+``Sec-Fetch-Site: cross-site``, is answered HTTP 403, so a page the user visits cannot pause
+generation or load weights with a ``text/plain`` POST, which needs no CORS pre-flight. Clients
+that send no ``Origin`` (the router, the pool, curl) are not affected.
+
 Fate sharing: with ``--parent-pid PID`` the server exits (SIGTERM to itself, then a hard exit 10 s
 later) once its parent process is gone (polled twice a second); with ``--pdeathsig`` it also asks
 Linux for SIGTERM when the parent *thread* that started it exits (see :mod:`rollout.devtools.local.stack`).
@@ -125,6 +131,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rollout.app.webguard import local_guard
 from rollout.core.eventloop import EVENT_LOOPS, check_event_loop, loop_kind, new_event_loop
 from rollout.devtools.local.admin import AdminEndpoints
 from rollout.devtools.local.auth import ADMIN_PATHS, auth_middlewares, auth_status
@@ -278,9 +285,12 @@ class LocalSGLangServer:
         self.scheduler.shutdown()
 
     def make_app(self) -> web.Application:
-        """The aiohttp application (routes below; in-flight requests are aborted on shutdown)."""
+        """The aiohttp application (routes below; in-flight requests are aborted on shutdown). A
+        request sent by a web page of another site is refused (403) before the API keys are
+        looked at (:func:`rollout.app.webguard.local_guard`): with no key set, the admin
+        endpoints would otherwise obey any site the user's browser visits."""
         app = web.Application(client_max_size=512 * 1024 * 1024,
-                              middlewares=auth_middlewares(self._api_key, self._admin_api_key))
+                              middlewares=[local_guard(), *auth_middlewares(self._api_key, self._admin_api_key)])
         admin, info = self.admin, self.info
         # (route makers, paths, handler): SGLang serves some endpoints under two paths or two methods
         # (web.get also answers HEAD, as aiohttp's default)
