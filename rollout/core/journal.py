@@ -105,6 +105,7 @@ _VOLATILE = {
     "logging",
     "policy.router_url", "policy.request_timeout_s", "policy.max_request_retries", "policy.backend_outage_timeout_s", "policy.api_key_env",
     "env.user.base_url", "env.user.api_key_env", "env.user.timeout_s", "env.user.max_retries", "env.user.retry_backoff_s", "env.user.max_retry_wait_s",
+    "env.judge.base_url", "env.judge.api_key_env", "env.judge.timeout_s", "env.judge.max_retries", "env.judge.retry_backoff_s", "env.judge.max_retry_wait_s",
     "env.step_timeout_s", "env.reward_timeout_s", "env.evaluator",  # both evaluators give the same rewards
     "rollout.output_dir", "rollout.keep_messages",  # where results go, and whether they carry the conversation
     "local.enabled", "local.num_servers", "local.host", "local.router_port", "local.startup_timeout_s",

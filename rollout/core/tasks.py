@@ -6,6 +6,7 @@ benchmark seam."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any
 from rollout.core.config import OpenIssues, TaskSelectionError
 from rollout.core.records import TaskIssue
 
-__all__ = ["TaskSelection", "check_known_task_ids", "issues_by_task", "open_task_issues", "select_tasks", "skipped_summary",
+__all__ = ["TaskSelection", "check_distinct_task_ids", "check_known_task_ids", "issues_by_task", "open_task_issues", "select_tasks", "skipped_summary",
            "task_id_ranges", "unknown_task_ids"]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,21 @@ def check_known_task_ids(task_ids: Iterable[str], known: Sequence[str] | None, w
     missing = list(dict.fromkeys(str(t) for t in task_ids if str(t) not in have))
     if missing:
         raise unknown_task_ids(missing, known, where, key=key)
+
+
+def check_distinct_task_ids(task_ids: Sequence[str], key: str) -> None:
+    """Each of ``task_ids`` once: a submission makes one group per task, its id ``{domain}/{task
+    id}`` (:func:`rollout.core.pool.make_specs`), so an id listed twice would be two groups, and
+    their episodes, of one id.
+
+    Raises:
+        ValueError: one line, ``{key}: task ids 0, 3 are listed more than once ...`` (at most 5 shown).
+    """
+    repeated = [t for t, n in collections.Counter(map(str, task_ids)).items() if n > 1]
+    if repeated:
+        shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        raise ValueError(f"{key}: task {'id' if len(repeated) == 1 else 'ids'} {shown} listed more than once: a call makes one group "
+                         "per task, so each id once (to sample a task more often, pass n_samples_per_task)")
 
 
 def open_task_issues(benchmark: Any, task_id: str) -> list[TaskIssue]:

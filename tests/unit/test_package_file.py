@@ -22,14 +22,14 @@ def test_a_file_of_a_package_is_found_without_importing_the_package(tmp_path, mo
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _find("toy_vocab_pkg", "data/vocab.json") == pkg / "data" / "vocab.json"
     assert "toy_vocab_pkg" not in sys.modules
-    with pytest.raises(FileNotFoundError, match=r"^toy-vocab has no other\.json at .*toy_vocab_pkg/data \(pip install toy-vocab --upgrade\)$"):
+    with pytest.raises(FileNotFoundError, match=r"^toy-vocab has no other\.json at .*toy_vocab_pkg/data \(pip install --upgrade toy-vocab\)$"):
         _find("toy_vocab_pkg", "data/other.json")
     with pytest.raises(FileNotFoundError, match=r"has no other\.json at .* \(a version before 2\?\)$"):
         _find("toy_vocab_pkg", "data/other.json", upgrade_hint="a version before 2?")
 
 
 def test_a_package_that_is_not_installed_names_the_tokenizer_and_the_pip_line():
-    with pytest.raises(FileNotFoundError, match=r"^policy\.tokenizer=builtin:toy needs the package 'toy-vocab' \(pip install toy-vocab\)$"):
+    with pytest.raises(FileNotFoundError, match=r"^policy\.tokenizer=builtin:toy needs the package 'toy-vocab', which is not installed here: pip install toy-vocab$"):
         _find("no_such_package_here", "data/vocab.json")
 
 

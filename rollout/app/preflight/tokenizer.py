@@ -262,7 +262,8 @@ def check_chat_format(tokenizer: str, chat_format: str, enable_thinking: bool | 
     Raises:
         rollout.core.config.ConfigError: one line naming ``policy.chat_format`` and
             ``policy.tokenizer`` and why they do not fit (the format's own
-            :class:`~rollout.core.formats.TemplateError`, or the probe's first problem).
+            :class:`~rollout.core.formats.TemplateError`, or the probe's first problem); or
+            naming ``policy.chat_format`` and the package it needs that is not installed here.
     """
     from rollout.core.config import ConfigError
 
@@ -279,13 +280,18 @@ def check_chat_format(tokenizer: str, chat_format: str, enable_thinking: bool | 
         except (OSError, ValueError, KeyError, TypeError):
             pass  # not checked yet (or unreadable): checked below
     from rollout.core.formats import TemplateError, choose_chat_format, get_chat_format
+    from rollout.core.formats.protocol import MissingPackageError
     from rollout.core.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
+    family = chat_format
     try:
         family = choose_chat_format(chat_format, tok, tokenizer)
         report = get_chat_format(family)(tok, tools=None, template_kwargs=kwargs).probe()
         why = None if report.ok else f"exact delta tokenization is impossible with chat format {family}: {report.problems[0]}"
+    except MissingPackageError as e:  # not a misfit: the format's package is missing here
+        detected = f" (chat format {family} for policy.tokenizer={tokenizer})" if family != chat_format else ""
+        raise ConfigError(f"policy.chat_format={chat_format}{detected}: {e}") from None
     except TemplateError as e:
         why = str(e)
     if why is not None:

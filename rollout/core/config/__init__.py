@@ -12,7 +12,9 @@ to it by tests/unit/test_config_schema.py).
 
 :func:`load_config` merges, in this order, the schema defaults, a YAML file and CLI overrides
 ``key=value`` (omegaconf dot-list syntax, e.g. ``pool.num_actors=4 env.task_ids=[0,1]``), then
-validates. Unknown keys, wrong types and bad values raise :class:`ConfigError` naming the full key.
+validates. Unknown keys, wrong types and shapes and bad values raise :class:`ConfigError` naming the
+full key; a file that is no config (a folder, not UTF-8, not YAML, a ``!!python/...`` tag, a top
+level that is not a mapping) raises it naming the file, with YAML's line and column.
 Each component receives only its own section (``PolicyConfig`` for the policy client,
 ``EnvConfig`` for the environment, ...).
 

@@ -94,11 +94,27 @@ def setting(default: Any, *, doc: str, ge: float | None = None, gt: float | None
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def masked(value: str) -> str:
+    """``value`` as a message may show what may be a secret: its first characters (at most 3, fewer
+    for a short value) and its length, e.g. ``'sk-…' (51 characters)``; never the whole value."""
+    return f"'{value[:min(3, len(value) // 4)]}…' ({len(value)} characters)"
+
+
+def _looks_like_a_key(name: str) -> bool:
+    """A variable name as long as an API key and mixing upper case, lower case and digits, as
+    keys do (``hf_…``, ``ghp_…``) and variable names do not."""
+    return len(name) >= 32 and any(c.isupper() for c in name) and any(c.islower() for c in name) and any(c.isdigit() for c in name)
+
+
 def env_var_problems(key: str, name: str | None) -> Problems:
     """``(key, ...)`` when ``name`` (an ``*.api_key_env`` value: ``None`` or the name of an
-    environment variable) is not a variable's name, e.g. the key itself pasted in."""
-    if not (name is None or name.isidentifier()):
-        yield key, f"must name an environment variable (the key itself never goes in the config), got {name!r}"
+    environment variable) is not a variable's name, e.g. the key itself pasted in. The message
+    never holds the value, only :func:`masked`'s few first characters and its length."""
+    if name is None:
+        return
+    if not name.isidentifier() or _looks_like_a_key(name):
+        yield key, (f"must name the environment variable that holds the key (e.g. OPENAI_API_KEY), not the key itself, "
+                    f"got {masked(name)}")
 
 
 def bound_problems(section: Any, prefix: str) -> Problems:

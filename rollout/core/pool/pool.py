@@ -70,7 +70,7 @@ from rollout.core.pool.steps import END, StepRunner
 from rollout.core.pool.streams import Feed, TrainingStreams
 from rollout.core.pool.weights import PAUSE_MODES, PauseReport, WeightCycleAPI, WeightSync  # noqa: F401
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult, TrainingSample
-from rollout.core.tasks import TaskSelection, check_known_task_ids
+from rollout.core.tasks import TaskSelection, check_distinct_task_ids, check_known_task_ids
 from rollout.core.telemetry.recorder import NULL_RECORDER
 
 logger = logging.getLogger(__name__)
@@ -210,12 +210,15 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
         Each call gets a fresh group prefix so the same task can be submitted again later.
 
         Raises:
+            ValueError: a task id listed more than once (one group per task per call: their group
+                ids would collide), one line naming the ids; nothing is queued.
             rollout.core.config.TaskSelectionError: a task the domain lacks (checked once the
                 actors are ready: they know its tasks), one line with the valid ids; nothing is
                 queued (a ``ValueError`` and a ``KeyError``).
         """
         r = self.cfg.rollout
         task_ids = [str(t) for t in task_ids]
+        check_distinct_task_ids(task_ids, key="RolloutPool.submit_tasks")
         check_known_task_ids(task_ids, self._actors.task_ids, f"{self.cfg.env.benchmark} domain {self.cfg.env.domain}",
                              key="RolloutPool.submit_tasks")
         with self._runner.lock:
