@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rollout.core.config.base import ConfigError, choice_error, choice_of, field_types, values_to_names
@@ -27,6 +28,27 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
     return ConfigError(f"{key}: {msg}" if key else msg)
 
 
+def _load_yaml(path: Path) -> DictConfig:
+    """The YAML file ``path`` as omegaconf's mapping.
+
+    Raises:
+        ConfigError: one line naming the file: not YAML (with the line and column), not text, or
+            not a mapping of sections.
+    """
+    try:
+        node = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise ConfigError(f"{path}: not valid YAML: {what}{where}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (a YAML config is UTF-8 text)") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: not a YAML mapping of sections (pool, policy, env, rollout, local, logging) but a list or a value")
+    return node
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Build a validated :class:`Config` from defaults, an optional YAML file and overrides.
 
@@ -36,7 +58,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Raises:
         ConfigError: unknown key, wrong type, malformed override or invalid value (the message
-            names the key); FileNotFoundError if ``path`` does not exist.
+            names the key); a file that is not a YAML mapping (the message names the file);
+            FileNotFoundError if ``path`` does not exist.
     """
     schema = OmegaConf.structured(Config)
     try:
@@ -45,7 +68,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             p = Path(path)
             if not p.is_file():
                 raise FileNotFoundError(f"config file not found: {p}")
-            merged = OmegaConf.merge(merged, values_to_names(OmegaConf.load(p), Config))
+            merged = OmegaConf.merge(merged, values_to_names(_load_yaml(p), Config))
         if overrides:
             for o in overrides:
                 if "=" not in o:
