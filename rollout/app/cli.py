@@ -20,7 +20,8 @@ reader of its output went away (``| head``; quietly, :func:`rollout.core.pipes.p
 is for what the user can fix, each one line naming the key or the file, before anything starts: a
 bad config value, a split or task the domain lacks (with the valid ids), a chat format that does
 not fit the tokenizer, a file, folder, address or package a key names that cannot be had, a failed
-preflight check, an output directory that holds a run; for ``view``, a folder that is not a run's output or an
+preflight check, an output directory that holds a run (or files but no run, or, for ``--resume``, no run), a damaged
+``run.json``; for ``view``, a folder that is not a run's output or an
 address it cannot listen on. Anything else is a bug and ends with Python's
 traceback (exit 1), never disguised as a config error.
 """
