@@ -60,7 +60,8 @@ files hold whole lines only, every one written before; the pool stops the run on
 A resumed run sets damaged lines aside (:func:`rollout.core.jsonl.recover`): a torn last line (a
 crash mid-write) or a corrupted line, each logged with its file and line number, moved to
 ``journal_damage.jsonl`` and recorded in ``run.json`` (``journal_repairs``); an episode whose
-line was set aside runs again. A corrupted ``specs.jsonl`` line refuses the resume.
+line was set aside runs again. An ``episodes.jsonl`` line of a group ``specs.jsonl`` lacks (another
+run's) is set aside the same way. A corrupted ``specs.jsonl`` line refuses the resume.
 
 The cost: each sample is stored twice (``episodes.jsonl`` and its view), about 2x the disk of
 the samples alone.
@@ -244,7 +245,7 @@ class RunJournal:
                 raise JournalError(f"{d} holds results but no {STATE_FILE} (written by an older version?): cannot resume it; use --overwrite or another rollout.output_dir")
             state = read_state(d)
             if state.get("config_hash") != digest:
-                old = state.get("config", {})
+                old = state["config"] if isinstance(state.get("config"), dict) else {}
                 changed = sorted(k for k in set(old) | set(flat) if old.get(k) != flat.get(k))
                 raise JournalError(f"{d}: the config changed since the run started ({', '.join(changed[:8]) or 'unknown keys'}); "
                                    "resume with the same config, or pass --overwrite")

@@ -345,3 +345,18 @@ def test_the_summary_names_the_files_by_absolute_path_whatever_the_working_direc
     monkeypatch.chdir(tmp_path)
     summary = RunWriter("outputs/rel").close()
     assert summary["files"] == {name: str(tmp_path / "outputs" / "rel" / name) for name in RunWriter.FILES}
+
+
+def test_a_journal_line_that_is_json_but_not_a_sample_is_one_line_for_a_replay(tmp_path):
+    """load_run (--replay, regrade): a line whose fields contradict each other (its metadata names
+    another episode) was a ValueError traceback."""
+    from rollout.core.journal import load_run
+
+    _finished_run(tmp_path, 2)
+    lines = (tmp_path / EPISODES_FILE).read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["metadata"]["episode_id"] = "someone-else"
+    (tmp_path / EPISODES_FILE).write_text("\n".join([lines[0], json.dumps(bad)]) + "\n")
+    with pytest.raises(JournalError) as e:
+        load_run(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / EPISODES_FILE}: line 2 is not a sample (") and "\n" not in str(e.value), str(e.value)
