@@ -20,7 +20,8 @@ reader of its output went away (``| head``; quietly, :func:`rollout.core.pipes.p
 is for what the user can fix, each one line naming the key or the file, before anything starts: a
 bad config value, a split or task the domain lacks (with the valid ids), a chat format that does
 not fit the tokenizer, a file, folder, address or package a key names that cannot be had, a failed
-preflight check, an output directory that holds a run; for ``view``, a folder that is not a run's output or an
+preflight check, an output directory that holds a run (or files but no run, or, for ``--resume``, no run), a damaged
+``run.json``; for ``view``, a folder that is not a run's output or an
 address it cannot listen on. Anything else is a bug and ends with Python's
 traceback (exit 1), never disguised as a config error.
 """
@@ -50,12 +51,18 @@ logger = logging.getLogger(__name__)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table: statuses, what was trained and kept out, the samples of a sample mode
-    and the compactions of a context strategy, mean reward over trainable episodes, repeated errors
-    grouped one line per kind, true wall time, the files."""
+    """The end-of-run table: statuses (for a stopped run also the episodes journaled in groups not
+    complete yet and those not delivered, which add up to the episodes planned), what was trained
+    and kept out, the samples of a sample mode and the compactions of a context strategy, mean
+    reward over trainable episodes, repeated errors grouped one line per kind, true wall time (over
+    every session of a resumed run, and this session's), the files."""
     rows = [("episodes", str(summary["episodes"]))]
     for st, n in sorted(summary["status_counts"].items()):
         rows.append((f"  {st}", str(n)))
+    if summary.get("undelivered") or summary.get("episodes_in_open_groups"):  # a stopped run: where the rest of the episodes are
+        rows += [("journaled, group incomplete", str(summary.get("episodes_in_open_groups", 0))),
+                 ("not delivered", str(summary.get("undelivered", 0))),
+                 ("episodes planned (these three)", str(summary.get("episodes_planned", "?")))]
     rows.append(("trained samples", str(summary.get("trained_samples", summary["episodes"]))))
     if summary.get("sample_mode", "trajectory") != "trajectory" or summary.get("samples", summary["episodes"]) != summary["episodes"]:
         rows.append((f"samples ({summary.get('sample_mode', 'trajectory')}), splits", f"{summary.get('samples', 0)}, {summary.get('sample_splits', 0)}"))
@@ -64,8 +71,6 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append((f"  longest sample (of {summary.get('max_context_tokens')})", str(summary.get("max_sample_tokens", 0))))
     for reason, n in sorted(summary.get("excluded_counts", {}).items()):
         rows.append((f"  excluded: {reason}", str(n)))
-    if summary.get("undelivered"):
-        rows.append(("not delivered (--resume runs them)", str(summary["undelivered"])))
     for d, r in sorted(summary["mean_reward_per_domain"].items()):
         rows.append((f"mean reward ({d}, trainable)", f"{r:.4f}"))
     raw = summary.get("mean_raw_reward_per_domain") or {}
@@ -81,7 +86,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("parse errors", str(summary["parse_errors"])),
         ("turns cut at max_new_tokens", str(summary.get("length_cut_turns", 0))),
         ("  episodes ended by it", str(summary.get("episodes_ended_by_turn_length", 0))),
-        ("wall time (s)", f"{summary['wall_s']:.2f}"),
+        *([(f"wall time, {summary['resumed_sessions'] + 1} sessions (s)", f"{summary['wall_s']:.2f}"),
+           ("  this session (s)", f"{summary['session_wall_s']:.2f}")]
+          if summary.get("resumed_sessions") and summary.get("session_wall_s") is not None else [("wall time (s)", f"{summary['wall_s']:.2f}")]),
         *([("  start-up, episodes (s)", f"{summary['startup_s']:.2f}, {summary['episodes_phase_s']:.2f}")]
           if summary.get("startup_s") is not None and summary.get("episodes_phase_s") is not None else []),
         ("episodes / s", f"{summary['episodes_per_s']:.3f}"),
@@ -99,6 +106,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         out.append(f"journal line set aside: {d['file']}:{d['line']} {d['kind']} ({d['size']} bytes: {d['reason']}); its episode ran again")
     if summary.get("status") not in (None, "finished"):
         out.append(f"run {summary['status']}: {summary.get('reason')}")
+        if summary.get("undelivered") or summary.get("episodes_in_open_groups"):
+            out.append("--resume completes the incomplete groups and runs the episodes not delivered")
     return "\n".join(out)
 
 
@@ -117,7 +126,9 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
 
     Raises:
         rollout.core.journal.JournalError: the output directory holds a run and neither flag was
-            given, or the config changed since (before anything starts).
+            given, holds files but no run (without ``overwrite``), holds no run to ``resume``, or
+            the config changed since (before anything starts, the first three before anything is
+            created: :func:`rollout.core.journal.check_run_target`).
         rollout.core.config.TaskSelectionError: ``env.task_ids`` names tasks the domain lacks, or the split does not exist.
         RuntimeError: the local stack or an actor failed to start.
     """
@@ -126,12 +137,13 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
     from rollout.app.preflight import check_output_dir
     from rollout.app.wiring import open_pool
     from rollout.core.groups import Excluded
-    from rollout.core.journal import OutputWriteError, RunJournal
-    from rollout.core.output import RunWriter
+    from rollout.core.journal import OutputWriteError, RunJournal, check_run_target
+    from rollout.core.output import RunWriter, where_episodes_are
     from rollout.core.pool import RunAborted
     from rollout.core.tasks import skipped_summary
 
     started_at = time.monotonic() if started_at is None else started_at
+    check_run_target(cfg.rollout.output_dir, resume=resume, overwrite=overwrite)  # one line, reading only: before anything is created
     check_output_dir(cfg.rollout.output_dir)  # one line, before the journal creates it
     journal = RunJournal.open(cfg.rollout.output_dir, cfg, resume=resume, overwrite=overwrite, session_start=started_at)
     writer = RunWriter(cfg.rollout.output_dir, cfg.rollout.train_statuses, resume=journal.resumed)
@@ -179,15 +191,17 @@ def run_job(cfg: Config, progress: bool = True, resume: bool = False, overwrite:
             reason = f"{e}; free space, then resume" if status == "finished" else f"{reason}; and {e}"
             status = "interrupted"
         st = pool.stats() if pool is not None else {}
+        undelivered = undelivered or len(journal.undelivered())
         summary = _close_writer(writer, {
-            "status": status, "reason": reason, "undelivered": undelivered or len(journal.undelivered()),
+            "status": status, "reason": reason, "undelivered": undelivered,
+            **where_episodes_are(journal.delivered, writer.written, undelivered),
             "domain": cfg.env.domain, "task_split": cfg.env.task_split, "n_samples_per_task": cfg.rollout.n_samples_per_task,
             "sample_mode": str(cfg.rollout.sample_mode), "history": str(cfg.policy.history),
             "context_strategy": cfg.policy.context_strategy, "max_context_tokens": cfg.policy.max_context_tokens,
             "reward_shaping": list(cfg.rollout.reward_shaping.shapers), "open_issues": str(cfg.env.open_issues),
             "skipped_tasks": skipped_summary(pool.task_selection if pool is not None else None),
             "groups": {k: st.get(k, 0) for k in ("groups_kept", "groups_filtered", "groups_dropped", "members_rerun")},
-            "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s,
+            "resumed_sessions": journal.state.get("resumed", 0), "wall_s": journal.wall_s, "session_wall_s": journal.session_wall_s,
             # this session's start-up (from the command's start, started_at, to every actor ready)
             # and episode phase (from then to the last delivery), seconds, parts of wall_s; None
             # where it did not get there
@@ -308,11 +322,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, show
 
 
-def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
+def main(argv: list[str] | None = None, started_at: float | None = None, job: bool = False) -> int:
     """The command ``argv`` (``None``: ``sys.argv[1:]``); returns its exit status (module
     docstring). ``started_at``: ``time.monotonic()`` when the command started, where ``run``'s wall
     time and start-up count from (``None``: this call; :func:`cli` passes the interpreter's start,
-    :data:`rollout.core.uptime.STARTED_AT`)."""
+    :data:`rollout.core.uptime.STARTED_AT`). ``job``: the command runs as a Ray job
+    (launch/job.py), whose working directory is Ray's copy of the project: a relative
+    ``rollout.output_dir`` is warned about, naming where it lands."""
     started_at = time.monotonic() if started_at is None else started_at
     parser, show = build_parser()
     args = parse_args_with_overrides(parser, argv)
@@ -346,6 +362,10 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     if args.command == "config":
         print(cfg.to_yaml())
         return 0
+    if job and not os.path.isabs(cfg.rollout.output_dir):
+        print(f"warning: rollout.output_dir={cfg.rollout.output_dir} is relative: in a Ray job it lands in Ray's copy of the project "
+              f"on the head ({os.path.abspath(cfg.rollout.output_dir)}), not in the folder you submitted from; name an absolute "
+              "folder (shared storage on a cluster)", file=sys.stderr, flush=True)
 
     from rollout.app.preflight import PreflightError
     from rollout.core.journal import JournalError
@@ -367,7 +387,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         return 2
     if args.command == "eval":
         print(format_eval(result))
-        print(f"eval: {Path(cfg.rollout.output_dir) / EVAL_FILE}")
+        print(f"eval: {os.path.abspath(Path(cfg.rollout.output_dir) / EVAL_FILE)}")
         return 3 if result["infrastructure_failures"] else 0
     print(format_summary(summary))
     files = summary["files"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.core.config import Config, load_config
-from rollout.core.journal import CONFIG_FILE, RUN_FILES, JournalError, check_run_folder, holds_run, load_run_config
+from rollout.core.journal import CONFIG_FILE, RUN_FILES, JournalError, check_run_folder, check_run_target, holds_run, load_run_config
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def replay_job(run_dir: str | Path, cfg: Config, overwrite: bool = False) -> dic
 
     Raises:
         rollout.core.journal.JournalError: ``run_dir`` is not a run folder; the output folder is
-            the run's own, or holds a run and ``overwrite`` is false.
+            the run's own, or holds a run or other files and ``overwrite`` is false.
         rollout.app.preflight.PreflightError: the output folder cannot be written.
     """
     from rollout.app.preflight import check_output_dir
@@ -68,6 +68,8 @@ def replay_job(run_dir: str | Path, cfg: Config, overwrite: bool = False) -> dic
             raise JournalError(f"{out} holds a run (an earlier replay?); pass --overwrite to replace it, or set rollout.output_dir")
         for f in RUN_FILES:
             (out / f).unlink(missing_ok=True)
+    else:
+        check_run_target(out, overwrite=overwrite)  # a folder of other files: refused unless --overwrite
     t0 = time.monotonic()
     writer = RunWriter(out, cfg.rollout.train_statuses)
     (out / CONFIG_FILE).write_text(cfg.to_yaml())

@@ -60,7 +60,8 @@ files hold whole lines only, every one written before; the pool stops the run on
 A resumed run sets damaged lines aside (:func:`rollout.core.jsonl.recover`): a torn last line (a
 crash mid-write) or a corrupted line, each logged with its file and line number, moved to
 ``journal_damage.jsonl`` and recorded in ``run.json`` (``journal_repairs``); an episode whose
-line was set aside runs again. A corrupted ``specs.jsonl`` line refuses the resume.
+line was set aside runs again. An ``episodes.jsonl`` line of a group ``specs.jsonl`` lacks (another
+run's) is set aside the same way. A corrupted ``specs.jsonl`` line refuses the resume.
 
 The cost: each sample is stored twice (``episodes.jsonl`` and its view), about 2x the disk of
 the samples alone.
@@ -82,22 +83,28 @@ from omegaconf import OmegaConf
 
 from rollout.core.config import Config, load_config
 from rollout.core.fastjson import dumps_line
-from rollout.core.journal_lines import DELIVERY_VERSION_KEY, sample_line  # noqa: F401  (public here)
+from rollout.core.journal_lines import (  # noqa: F401  (public here)
+    CONFIG_FILE,
+    DAMAGE_FILE,
+    DATA_FILES,
+    DELIVERY_VERSION_KEY,
+    EPISODES_FILE,
+    EVENTS_FILE,
+    RUN_FILES,
+    SPECS_FILE,
+    STATE_FILE,
+    check_run_folder,
+    check_run_target,
+    foreign_entries,
+    holds_run,
+    read_state,
+    sample_line,
+)
 from rollout.core.journal_lines import episode_from_line as _episode
 from rollout.core.jsonl import JournalError, LineDamage, OutputWriteError, append_whole, read_lines, recover
 from rollout.core.records import EpisodeSpec, TrainingSample
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "run.json"
-SPECS_FILE = "specs.jsonl"
-EPISODES_FILE = "episodes.jsonl"
-EVENTS_FILE = "events.jsonl"
-CONFIG_FILE = "config.yaml"
-DAMAGE_FILE = "journal_damage.jsonl"  # the damaged lines a resume set aside (rollout.core.jsonl.repair)
-# Everything a run writes; --overwrite removes these and nothing else.
-RUN_FILES = (STATE_FILE, SPECS_FILE, EPISODES_FILE, EVENTS_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl", "summary.json", CONFIG_FILE,
-             DAMAGE_FILE, "regrade.json")  # the last: python -m rollout regrade's report on the run
 
 # Keys that do not change the data a run produces: they may differ on --resume.
 _VOLATILE = {
@@ -146,24 +153,23 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def _of_run(episode: tuple[TrainingSample, int | None], groups: set[str]) -> tuple[TrainingSample, int | None]:
+    """``episode`` (a parsed ``episodes.jsonl`` line) if its group is one of the run's ``groups``.
+
+    Raises:
+        ValueError: it is not (a line of another run: :func:`rollout.core.jsonl.recover` sets it aside).
+    """
+    sample = episode[0]
+    if sample.group_id not in groups:
+        raise ValueError(f"another run's episode? its group is not in {SPECS_FILE}: {sample.group_id}")  # the reason's first 80 characters are kept
+    return episode
+
+
 def _repaired(d: Path, name: str, parse) -> tuple[list, list[LineDamage]]:
     """:func:`rollout.core.jsonl.recover` of journal file ``name`` on resume; a corrupt spec line
     refuses the resume (the episode it named cannot be known)."""
     why = "the episode it named cannot be known, so the run cannot be resumed" if name == SPECS_FILE else None
     return recover(d / name, parse, d / DAMAGE_FILE, refuse_corrupt=why)
-
-
-# The files whose content is a run's data: a directory where all are empty or missing holds no
-# run, whatever else is there (a run that stopped before submitting anything, e.g. on a failed
-# preflight, leaves only run.json, summary.json and config.yaml: nothing to resume or to lose).
-DATA_FILES = (SPECS_FILE, EPISODES_FILE, "samples.jsonl", "failed.jsonl", "filtered.jsonl")
-
-
-def holds_run(output_dir: str | Path) -> bool:
-    """True when ``output_dir`` holds data of a run: a journaled spec or episode, or a result line
-    (see :data:`DATA_FILES`)."""
-    d = Path(output_dir)
-    return any((d / f).is_file() and (d / f).stat().st_size > 0 for f in DATA_FILES)
 
 
 class RunJournal:
@@ -188,6 +194,7 @@ class RunJournal:
         self.resumed = resumed
         self._t0 = time.monotonic()
         self._closed_wall: float | None = None
+        self._wall_before = float(state.get("wall_s_before", 0.0))  # the earlier sessions' (at open)
         self._spec_ids = {s.episode_id for s in specs}
         # unbuffered: every write() reaches the operating system at once (a killed process loses
         # no line it wrote); durability is the fsync's job (see the module docstring)
@@ -208,20 +215,23 @@ class RunJournal:
         Args:
             output_dir: created if missing.
             cfg: the run's config (unresolved endpoints are fine: they are not hashed).
-            resume: continue the run the directory holds (a new run if it holds none).
+            resume: continue the run the directory holds (from the beginning, saying so in a
+                warning, where it stopped before it submitted an episode; refused where no run
+                started).
             overwrite: remove an earlier run's files (only those, see ``RUN_FILES``) first.
             session_start: ``time.monotonic()`` when this session began, where :attr:`wall_s`
                 counts it from (``None``: now; the CLI passes its command's start, so that the wall
                 time holds the start-up, :func:`rollout.app.cli.run_job`).
 
         Raises:
-            JournalError: the directory holds a run and neither ``resume`` nor ``overwrite`` was
-                given; ``resume`` with a config that changed in a key that shapes the data
-                (naming the keys); both flags; a corrupt journal.
+            JournalError: (one line, before anything is created) the directory holds a run and
+                neither ``resume`` nor ``overwrite`` was given; without ``overwrite``, it holds
+                files but no run (:func:`check_run_target`); ``resume`` where no run started;
+                ``resume`` with a config that changed in a key that shapes the data (naming the
+                keys); both flags; a corrupt journal or ``run.json``.
         """
-        if resume and overwrite:
-            raise JournalError("--resume and --overwrite exclude each other")
         d = Path(output_dir)
+        check_run_target(d, resume=resume, overwrite=overwrite)
         d.mkdir(parents=True, exist_ok=True)
         digest, flat = config_fingerprint(cfg)
         exists = holds_run(d)
@@ -229,20 +239,20 @@ class RunJournal:
             for f in RUN_FILES:
                 (d / f).unlink(missing_ok=True)
             exists = False
-        if exists and not resume:
-            raise JournalError(f"{d} holds a run ({_describe(d)}); pass --resume to finish it or --overwrite to replace it")
+        if resume and not exists:
+            logger.warning("%s: the run there stopped before it submitted any episode: --resume starts it from the beginning", d)
         if exists:
-            state_path = d / STATE_FILE
-            if not state_path.is_file():
+            if not (d / STATE_FILE).is_file():
                 raise JournalError(f"{d} holds results but no {STATE_FILE} (written by an older version?): cannot resume it; use --overwrite or another rollout.output_dir")
-            state = json.loads(state_path.read_text())
+            state = read_state(d)
             if state.get("config_hash") != digest:
-                old = state.get("config", {})
+                old = state["config"] if isinstance(state.get("config"), dict) else {}
                 changed = sorted(k for k in set(old) | set(flat) if old.get(k) != flat.get(k))
                 raise JournalError(f"{d}: the config changed since the run started ({', '.join(changed[:8]) or 'unknown keys'}); "
                                    "resume with the same config, or pass --overwrite")
             specs, damage = _repaired(d, SPECS_FILE, lambda x: EpisodeSpec(**x))
-            episodes, more = _repaired(d, EPISODES_FILE, _episode)
+            groups = {s.group_id for s in specs}
+            episodes, more = _repaired(d, EPISODES_FILE, lambda x: _of_run(_episode(x), groups))
             damage += more + _repaired(d, EVENTS_FILE, lambda x: x)[1]
             delivered: dict[str, TrainingSample] = {}
             for s, _ in episodes:
@@ -329,6 +339,11 @@ class RunJournal:
             return self._closed_wall
         return float(self.state.get("wall_s_before", 0.0)) + time.monotonic() - self._t0
 
+    @property
+    def session_wall_s(self) -> float:
+        """This session's part of :attr:`wall_s` (seconds; all of it unless :attr:`resumed`), frozen at :meth:`close`."""
+        return self.wall_s - self._wall_before
+
     def _write_state(self) -> None:
         tmp = self.dir / (STATE_FILE + ".tmp")
         try:
@@ -357,16 +372,6 @@ class RunJournal:
             for f in (self._specs_f, self._episodes_f, self._events_f):
                 if not f.closed:
                     f.close()
-
-
-def _describe(d: Path) -> str:
-    try:
-        state = json.loads((d / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return "results without a journal"
-    n_specs = sum(1 for _ in _read_jsonl(d / SPECS_FILE))
-    n_done = len({x.get("episode_id") or x.get("metadata", {}).get("episode_id") for x in _read_jsonl(d / EPISODES_FILE)})
-    return f"{state.get('status', '?')}, {n_done} of {n_specs} episodes delivered"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,36 +418,21 @@ class RunRecord:
         return all(v is not None for _, v in self.episodes)
 
 
-def check_run_folder(output_dir: str | Path) -> None:
-    """Check that ``output_dir`` holds a run's journal (a ``specs.jsonl`` with a spec in it).
-
-    Raises:
-        JournalError: it does not, or is no folder; one line naming it and what it holds.
-    """
-    d = Path(output_dir)
-    if not d.is_dir():
-        raise JournalError(f"{d}: no such folder (expected a run's output directory)")
-    specs_path = d / SPECS_FILE
-    if not specs_path.is_file() or specs_path.stat().st_size == 0:
-        found = ", ".join(sorted(p.name for p in d.iterdir())[:6]) or "nothing"
-        raise JournalError(f"{d} is not a run folder: it has no journal ({SPECS_FILE}, {EPISODES_FILE}, {STATE_FILE}, written by "
-                           f"`python -m rollout run` and launch/train_grpo_tiny.py); found {found}")
-
-
 def load_run(output_dir: str | Path) -> RunRecord:
     """Read the journal of the run in ``output_dir`` (finished, or stopped: what it delivered).
 
     Raises:
         JournalError: ``output_dir`` is not a folder, or holds no run journal (no ``specs.jsonl``
             with a spec in it), or the journal is corrupt (a line that is not JSON; an episode
-            of a group ``specs.jsonl`` lacks). One line naming the folder or the file.
+            of a group ``specs.jsonl`` lacks; a ``run.json`` that is not a JSON object). One line
+            naming the folder or the file.
     """
     d = Path(output_dir)
     check_run_folder(d)
     specs_path = d / SPECS_FILE
     try:
         specs = [EpisodeSpec(**x) for x in _read_jsonl(specs_path)]
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise JournalError(f"{specs_path}: not a spec per line ({e})") from None
     groups = {s.group_id for s in specs}
     episodes: list[tuple[TrainingSample, int | None]] = []
@@ -450,10 +440,11 @@ def load_run(output_dir: str | Path) -> RunRecord:
     for n, x in enumerate(_read_jsonl(d / EPISODES_FILE)):
         try:
             sample, version = _episode(x)
-        except TypeError as e:
-            raise JournalError(f"{d / EPISODES_FILE}: line {n + 1} is not a sample ({e})") from None
+        except (TypeError, ValueError, KeyError) as e:
+            raise JournalError(f"{d / EPISODES_FILE}: line {n + 1} is not a sample ({e}); `python -m rollout run --resume` sets it aside") from None
         if sample.group_id not in groups:
-            raise JournalError(f"{d / EPISODES_FILE}: episode {sample.episode_id} is of group {sample.group_id}, which {SPECS_FILE} lacks")
+            raise JournalError(f"{d / EPISODES_FILE}: episode {sample.episode_id} is of group {sample.group_id}, which {SPECS_FILE} lacks "
+                               "(another run's line?); `python -m rollout run --resume` sets it aside")
         if sample.episode_id not in seen:
             seen.add(sample.episode_id)
             episodes.append((sample, version))
@@ -461,8 +452,7 @@ def load_run(output_dir: str | Path) -> RunRecord:
     if (d / EVENTS_FILE).is_file():
         cancels = [CancelEvent(int(e["delivered"]), int(e["specs"]), int(e["weight_version"]))
                    for e in _read_jsonl(d / EVENTS_FILE) if e.get("event") == "cancel_outstanding"]
-    state = json.loads((d / STATE_FILE).read_text()) if (d / STATE_FILE).is_file() else {}
-    return RunRecord(d, state, specs, episodes, cancels)
+    return RunRecord(d, read_state(d), specs, episodes, cancels)
 
 
 def load_run_config(output_dir: str | Path, overrides: list[str] | None = None) -> Config:
@@ -471,14 +461,14 @@ def load_run_config(output_dir: str | Path, overrides: list[str] | None = None) 
     needs none), with ``overrides`` (``key=value``) on top.
 
     Raises:
-        JournalError: the folder has neither file.
-        rollout.core.config.ConfigError: the config or an override is invalid (naming the key).
+        JournalError: the folder has neither file, or its ``run.json`` is not a JSON object.
+        rollout.core.config.ConfigError: the config or an override is invalid (naming the key),
+            or ``config.yaml`` is not a YAML mapping (naming the file).
     """
     d = Path(output_dir)
     if (d / CONFIG_FILE).is_file():
         return load_config(d / CONFIG_FILE, overrides)
-    state_path = d / STATE_FILE
-    flat = json.loads(state_path.read_text()).get("config") if state_path.is_file() else None
+    flat = read_state(d).get("config")
     if not isinstance(flat, dict):
         raise JournalError(f"{d}: neither {CONFIG_FILE} nor {STATE_FILE} records the run's config; pass one (--config FILE)")
     nested: dict[str, Any] = {"local": {"enabled": True}}  # run.json keeps no endpoint, and a replay needs none

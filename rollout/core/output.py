@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +255,7 @@ class RunWriter:
         for f in self._files.values():
             f.close()
         summary = self.stats.summary()
-        summary["files"] = {name: str(self.dir / name) for name in self.FILES}
+        summary["files"] = {name: os.path.abspath(self.dir / name) for name in self.FILES}  # where they are, whatever the working directory
         if extra:
             summary.update(extra)
             if "wall_s" in extra:
@@ -269,6 +271,22 @@ class RunWriter:
             err.summary = summary
             raise err from None
         return summary
+
+
+def where_episodes_are(journaled: Iterable[str], written: set[str], undelivered: int) -> dict[str, int]:
+    """A run's episodes by where they are, for its summary: ``episodes_in_open_groups``, journaled
+    (delivered by the pool) but not in the result files because their group is not complete yet
+    (a stopped run's; ``--resume`` completes them), and ``episodes_planned``, every episode
+    submitted: journaled or ``undelivered``. So the files' ``episodes`` + ``episodes_in_open_groups``
+    + ``undelivered`` == ``episodes_planned``.
+
+    Args:
+        journaled: the episode ids the journal holds as delivered (:attr:`rollout.core.journal.RunJournal.delivered`).
+        written: the episode ids the result files hold (:attr:`RunWriter.written`).
+        undelivered: episodes submitted and not delivered.
+    """
+    journaled = set(journaled)
+    return {"episodes_in_open_groups": len(journaled - written), "episodes_planned": len(journaled) + undelivered}
 
 
 def read_samples(path: str | Path, tolerate_torn_tail: bool = False) -> list[TrainingSample]:

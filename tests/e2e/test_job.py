@@ -153,6 +153,9 @@ def test_ray_job_submit_as_documented_to_a_head_started_from_the_venv(ray_head, 
     assert logs.returncode == 0, logs.stdout + logs.stderr
     assert re.search(r"Running entrypoint for job .*: \S*/python3? launch/job\.py --config configs/local\.yaml", logs.stdout), logs.stdout[-3000:]
     assert re.search(r"mean reward \(retail, trainable\) +1\.0000", logs.stdout), logs.stdout[-3000:]
+    # where the files are, as an absolute path (a relative one would be Ray's copy of the project: the job warns then)
+    assert f"samples: {out / 'samples.jsonl'}  (kept out of training: " in logs.stdout, logs.stdout[-3000:]
+    assert "warning: rollout.output_dir=" not in logs.stdout
 
 
 @pytest.mark.ray

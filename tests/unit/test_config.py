@@ -99,3 +99,41 @@ def test_round_trip_through_dict():
     cfg = load_config(ROOT / "configs/retail_grpo.yaml")
     assert config_from_dict(cfg.to_dict()) == cfg
     assert isinstance(cfg, Config)
+
+
+def test_a_leading_tilde_in_the_output_dir_is_the_home_folder_for_every_writer(tmp_path, monkeypatch):
+    """``~`` is expanded once, when the config is loaded, so that the pre-start check, the journal,
+    the files and the summary name one folder (the check used to create $HOME/x while the run wrote
+    ./~/x); from an override, a YAML file and a dict (a Ray job's actors) alike."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_config(None, ["local.enabled=true", "rollout.output_dir=~/x"]).rollout.output_dir == str(tmp_path / "x")
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("local:\n  enabled: true\nrollout:\n  output_dir: ~/runs/a\n")
+    cfg = load_config(yaml_file)
+    assert cfg.rollout.output_dir == str(tmp_path / "runs" / "a")
+    assert config_from_dict({**cfg.to_dict(), "rollout": {**cfg.to_dict()["rollout"], "output_dir": "~/y"}}).rollout.output_dir == str(tmp_path / "y")
+    assert load_config(None, ["local.enabled=true", "rollout.output_dir=outputs/rel"]).rollout.output_dir == "outputs/rel"  # as given
+
+
+@pytest.mark.parametrize("value, expect", [
+    ('""', "is empty, which would write the run into the working directory"),
+    ('"  "', "is empty, which would write the run into the working directory"),
+    ("~nosuchuser-i36/x", "'~nosuchuser-i36' is no user's home folder here"),
+])
+def test_an_output_dir_that_would_land_in_the_working_directory_is_refused(value, expect):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["local.enabled=true", f"rollout.output_dir={value}"])
+    assert str(e.value).startswith("rollout.output_dir: ") and expect in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("rollout: [unclosed\n  x: : :\n", "not valid YAML: did not find expected ',' or ']' at line 2, column 4"),
+    ("- 1\n- 2\n", "not a YAML mapping of sections"),
+    (b"\xff\xfe\x00\x01", "not a text file"),
+])
+def test_a_config_file_that_is_not_a_yaml_mapping_is_one_line_naming_the_file(tmp_path, text, expect):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}: ") and expect in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -76,7 +76,7 @@ def check_output_dir(path: str | os.PathLike) -> None:
     Raises:
         PreflightError: the folder cannot be created or written. One line.
     """
-    p = Path(path).expanduser()
+    p = Path(path)  # as the run writes it: load_config expanded a leading ~ already
     probe = p / f".preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         p.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ staleness, sample modes; :mod:`rollout.core.groups`, :mod:`rollout.core.sample_m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -84,7 +85,10 @@ class RolloutConfig:
     """``rollout``: what to run and where results go."""
 
     n_samples_per_task: int = setting(1, ge=1, doc="Episodes per task: the group size.")
-    output_dir: str = setting("outputs/run", doc="Where the journal, samples and summary go.")
+    output_dir: str = setting("outputs/run", doc="""
+        Where the journal, samples and summary go: a folder that is missing, empty or holds this run (a folder holding other
+        files is refused unless --overwrite). A leading ~ is the home folder; a relative path is relative to the working
+        directory, which under ray job submit is Ray's copy of the project on the head: name an absolute folder there.""")
     keep_messages: bool = setting(True, doc="""
         Keep each episode's conversation (OpenAI chat messages: the user's turns, the assistant's replies and tool calls,
         the tool results; TrainingSample.messages) in the journal, the result files and the trainer API's samples; false:
@@ -115,10 +119,21 @@ class RolloutConfig:
         prompt extends it | a registered one (rollout.register_sample_mode).""")
     reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
 
+    def expand_paths(self) -> None:
+        """Expand a leading ``~`` / ``~user`` of ``output_dir`` (:func:`os.path.expanduser`: a string
+        operation on ``HOME``), once, so that every writer of the run (the pre-start check, the
+        journal, the result files, the summary) names the same folder."""
+        self.output_dir = os.path.expanduser(self.output_dir)
+
     def problems(self) -> Problems:
         """This section's bad values, as ``(key, message)``: its keys' ranges, then its rules; no I/O. (``rollout.sample_mode``'s
         rule with ``policy.history`` is :mod:`rollout.core.config.rules`'.)"""
         yield from bound_problems(self, "rollout")
+        if not self.output_dir.strip():
+            yield "rollout.output_dir", "is empty, which would write the run into the working directory: name a folder"
+        elif self.output_dir.startswith("~"):  # left by expand_paths: no such user
+            yield "rollout.output_dir", (f"{self.output_dir!r}: {self.output_dir.split(os.sep)[0]!r} is no user's home folder here "
+                                         "(it would be a folder of that name in the working directory): write the path out")
         valid = {x.value for x in EpisodeStatus}
         for st in self.train_statuses:
             if st not in valid:

@@ -69,18 +69,21 @@ def _check_choices(section: Any, prefix: str = "") -> None:
 def validate(cfg: Config) -> Config:
     """Check values beyond their types, without I/O (nothing imported; the one read is installed
     packages' entry-point metadata, for an ``env.benchmark`` the registry does not hold), in this
-    order: every choice (schema order), the rules of the sections ``env``, ``pool``, ``policy``,
+    order: every choice (schema order), ``~`` in ``rollout.output_dir`` expanded
+    (:meth:`~rollout.core.config.RolloutConfig.expand_paths`), the rules of the sections ``env``, ``pool``, ``policy``,
     ``rollout`` and ``local`` (each section's ``problems()``), then the rules between sections
     (:func:`rollout.core.config.rules.cross_section_problems`). What the config names on this
     machine (a tau2 domain, uvloop for the local stack) is :func:`rollout.app.preflight.check_config`'s.
 
     Returns:
-        ``cfg`` itself, its choices given as plain strings turned into their members.
+        ``cfg`` itself, its choices given as plain strings turned into their members and its
+        ``rollout.output_dir`` with ``~`` expanded.
 
     Raises:
         ConfigError: ``"{key}: {what is wrong}"`` for the first bad key.
     """
     _check_choices(cfg)
+    cfg.rollout.expand_paths()
     for problems in (cfg.env.problems(), cfg.pool.problems(), cfg.policy.problems(), cfg.rollout.problems(),
                      cfg.local.problems(), cross_section_problems(cfg.env, cfg.policy, cfg.rollout, cfg.local)):
         for key, msg in problems:
