@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rollout.app.args import int_arg, one_line_errors
+from rollout.app.args import int_arg, one_line_errors, plain_text
 from rollout.app.regrade import add_parser as add_regrade_parser
 from rollout.app.signals import Interrupted, SignalStop
 from rollout.core import uptime
@@ -273,7 +273,7 @@ def _print_keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The command line's parser, and the ``config`` command's own (``config --keys`` reports its usage errors)."""
-    parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rollout", description=plain_text(__doc__.split("\n\n")[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the rollout job")
     run.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
