@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     from rollout.core.logs import setup_logging
 
     setup_logging(cfg.logging)
+    ray_was_connected = ray_connected()  # a caller's own Ray (main called in-process) is left as it is
     try:
         if args.command == "eval":
             from rollout.app.evaluation import EVAL_FILE, format_eval, run_eval
@@ -365,6 +366,8 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     except (JournalError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not ray_was_connected:  # this command connected to Ray: the actors' last log lines before the summary, not after it
+        disconnect_ray()
     if args.command == "eval":
         print(format_eval(result))
         print(f"eval: {Path(cfg.rollout.output_dir) / EVAL_FILE}")
@@ -427,6 +430,28 @@ def _regrade(args: argparse.Namespace) -> int:
     print(format_regrade(report))
     print(f"regrade: {report['file']}")
     return 3 if report["errors"] else 0
+
+
+def ray_connected() -> bool:
+    """Whether this process is connected to Ray (``ray.init``), without importing Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def disconnect_ray() -> None:
+    """Disconnect this process from Ray when it is connected and the head answers (a lost head is
+    left to :func:`exit_process`), so that what Ray still holds of the actors' log lines is printed
+    now: Ray's log deduplication keeps back an actor's line that repeats another actor's (5 s
+    windows, ``RAY_DEDUP_LOGS_AGG_WINDOW_S``) and prints it when the driver disconnects, at exit
+    otherwise, after the summary. A local cluster this process started stops with it, as at exit."""
+    if not ray_connected():
+        return
+    import ray
+
+    from rollout.core.pool.actors import head_lost
+
+    if not head_lost():
+        ray.shutdown()
 
 
 def exit_process(code: int) -> NoReturn:
