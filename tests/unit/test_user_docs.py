@@ -6,8 +6,9 @@ docs/trainer.md, pyproject.toml and the script that tests it."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from rollout.core.issues import TaskIssue
 from rollout.core.records import TrainingSample
