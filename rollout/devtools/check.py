@@ -19,7 +19,9 @@ a recording proxy placed in front of the router, then for each trajectory:
 
 With ``local.backend=tiny`` the model is the local stack's tiny model (rebuilt from
 ``local.tiny``, bit-identical to the server's); otherwise pass ``--model PATH`` (a ``transformers``
-causal LM with the policy's weights). Exit status 0 when exact, 1 when not, 2 on a bad config.
+causal LM with the policy's weights). ``--formats`` checks several chat formats one after the other
+(:func:`plan_runs` checks each one's packages before anything starts). Exit status 0 when exact, 1
+when not, 2 on a bad config or a named format whose packages are not installed here.
 """
 
 from __future__ import annotations
