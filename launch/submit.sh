@@ -70,20 +70,77 @@ fi
 runtime_env='{"excludes": [".venv", "venv", "outputs", "runs", ".git", "**/__pycache__", ".pytest_cache"], "env_vars": {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"}}'
 # A head that has just started may not have its job agent yet: Ray then refuses the submission
 # ("No available agent to submit job, please try again later") before creating any job, so
-# retrying it is safe. Up to $SUBMIT_AGENT_WAIT_S seconds (default 60).
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
-deadline=$(( SECONDS + ${SUBMIT_AGENT_WAIT_S:-60} ))
+# retrying it is safe. Up to $SUBMIT_AGENT_WAIT_S seconds (default 60); then one line naming the
+# agent's log (a head whose agent never started: often its port held by another Ray head).
+# Ray's output is held until the job is submitted and passed through from then on (the job's own
+# logs stream as they come), so that a refusal is one line here instead of Ray's traceback per try.
+agent_wait_s=${SUBMIT_AGENT_WAIT_S:-60}
+agent_log="${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray/session_latest/logs/dashboard_agent.log"
+
+# Reads Ray's output: prints it once the submission succeeded; returns 10 (nothing printed) when
+# Ray refused for want of a job agent, 11 when nothing answered at the address, else prints it all.
+relay() {
+  local line released=0 all
+  local -a held=()
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    if (( released )); then printf '%s\n' "$line"; continue; fi
+    held+=("$line")
+    if [[ "$line" == *"submitted successfully"* ]]; then
+      printf '%s\n' "${held[@]}"
+      released=1
+      held=()
+    fi
+  done
+  (( released )) && return 0
+  all="$(printf '%s\n' "${held[@]}")"
+  [[ "$all" == *"No available agent to submit job"* ]] && return 10
+  [[ "$all" == *"Failed to connect to Ray at address"* ]] && return 11
+  (( ${#held[@]} == 0 )) || printf '%s\n' "${held[@]}"
+  return 0
+}
+
+# The one line for a head without a job agent: the port its agent could not bind when its log is
+# on this machine and says so, else where to look.
+no_agent() {
+  local host port=""
+  host="${address#*://}"
+  host="${host%%[:/]*}"
+  if [[ "$host" == 127.0.0.1 || "$host" == localhost || "$host" == "$(hostname)" ]] && [[ -f "$agent_log" ]]; then
+    port="$(grep -o 'Agent port #[0-9]* failed to bind' "$agent_log" | tail -n 1 | tr -dc '0-9')" || true
+  fi
+  if [[ -n "$port" ]]; then
+    echo "submit.sh: the Ray head at $address has no job agent after ${agent_wait_s} s: its dashboard agent could not bind port $port" \
+      "(held by another process, e.g. another Ray head), see $agent_log; start the head with a free one:" \
+      "ray start --head --dashboard-agent-listen-port PORT" >&2
+  else
+    echo "submit.sh: the Ray head at $address has no job agent after ${agent_wait_s} s (Ray: 'No available agent to submit job'):" \
+      "its dashboard agent did not start; see $agent_log on the head (often its port, 52365 by default, held by another Ray head" \
+      "there: ray start --head --dashboard-agent-listen-port PORT)" >&2
+  fi
+}
+
+deadline=$(( SECONDS + agent_wait_s ))
+said_waiting=0
 while true; do
   set +e
   "$ray_bin" job submit --address "$address" --working-dir "$here" --runtime-env-json "$runtime_env" $wait_flag \
-    -- "$python" "$entry" "$@" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
+    -- "$python" "$entry" "$@" 2>&1 | relay
+  status=("${PIPESTATUS[@]}")
   set -e
-  if [[ $rc -ne 0 ]] && grep -q "No available agent to submit job" "$log" && (( SECONDS < deadline )); then
-    echo "submit.sh: the head has no job agent yet; retrying in 3 s" >&2
-    sleep 3
-    continue
-  fi
-  exit "$rc"
+  case "${status[1]}" in
+    10)
+      if (( SECONDS < deadline )); then
+        (( said_waiting )) || echo "submit.sh: the Ray head at $address has no job agent yet; trying again for up to ${agent_wait_s} s" >&2
+        said_waiting=1
+        sleep 3
+        continue
+      fi
+      no_agent
+      exit 1 ;;
+    11)
+      echo "submit.sh: no Ray head answers at $address (Ray: 'Failed to connect'): start one (ray start --head) or pass" \
+        "--address http://HEAD:8265 (the head's dashboard port)" >&2
+      exit 1 ;;
+  esac
+  exit "${status[0]}"
 done

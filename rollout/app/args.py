@@ -4,12 +4,25 @@ error reporting (the CLI prints: ``python -m rollout``)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any, Callable
 
 from rollout.core.config import ConfigError
 
-__all__ = ["int_arg", "one_line_errors"]
+__all__ = ["int_arg", "one_line_errors", "plain_text"]
+
+# A Sphinx cross-reference role in a docstring: :mod:`x`, :func:`~a.b.c`, ...
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's reStructuredText as ``--help`` shows it: ````x```` as ``x``, a cross-reference
+    such as ``:mod:`a.b``` as ``a.b`` (``:func:`~a.b.c``` as ``c``, as Sphinx shows it)."""
+    def ref(m: re.Match) -> str:
+        return m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2)
+
+    return _ROLE.sub(ref, doc).replace("``", "")
 
 
 def int_arg(text: str, what: str, low: int, high: int | None = None) -> int:

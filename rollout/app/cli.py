@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rollout.app.args import int_arg, one_line_errors
+from rollout.app.args import int_arg, one_line_errors, plain_text
 from rollout.app.regrade import add_parser as add_regrade_parser
 from rollout.app.signals import Interrupted, SignalStop
 from rollout.core import uptime
@@ -287,7 +287,7 @@ def _print_keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The command line's parser, and the ``config`` command's own (``config --keys`` reports its usage errors)."""
-    parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rollout", description=plain_text(__doc__.split("\n\n")[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the rollout job")
     run.add_argument("--config", "-c", default=None, help="YAML config (default: configs/local.yaml if present)")
@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None, job: bo
     from rollout.core.logs import setup_logging
 
     setup_logging(cfg.logging)
+    ray_was_connected = ray_connected()  # a caller's own Ray (main called in-process) is left as it is
     try:
         if args.command == "eval":
             from rollout.app.evaluation import EVAL_FILE, format_eval, run_eval
@@ -385,6 +386,8 @@ def main(argv: list[str] | None = None, started_at: float | None = None, job: bo
     except (JournalError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not ray_was_connected:  # this command connected to Ray: the actors' last log lines before the summary, not after it
+        disconnect_ray()
     if args.command == "eval":
         print(format_eval(result))
         print(f"eval: {os.path.abspath(Path(cfg.rollout.output_dir) / EVAL_FILE)}")
@@ -447,6 +450,28 @@ def _regrade(args: argparse.Namespace) -> int:
     print(format_regrade(report))
     print(f"regrade: {report['file']}")
     return 3 if report["errors"] else 0
+
+
+def ray_connected() -> bool:
+    """Whether this process is connected to Ray (``ray.init``), without importing Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def disconnect_ray() -> None:
+    """Disconnect this process from Ray when it is connected and the head answers (a lost head is
+    left to :func:`exit_process`), so that what Ray still holds of the actors' log lines is printed
+    now: Ray's log deduplication keeps back an actor's line that repeats another actor's (5 s
+    windows, ``RAY_DEDUP_LOGS_AGG_WINDOW_S``) and prints it when the driver disconnects, at exit
+    otherwise, after the summary. A local cluster this process started stops with it, as at exit."""
+    if not ray_connected():
+        return
+    import ray
+
+    from rollout.core.pool.actors import head_lost
+
+    if not head_lost():
+        ray.shutdown()
 
 
 def exit_process(code: int) -> NoReturn:

@@ -2,7 +2,7 @@
 
 One row per registered family (:func:`rollout.core.formats.format_infos`): its name (the value of
 ``policy.chat_format``), the ``builtin:`` vocabulary the project loads offline for it, whether that
-vocabulary's package is installed here, whether the test suite checks the family against that
+vocabulary's package (and what its renderer needs) is installed here, whether the test suite checks the family against that
 real vocabulary, what renders it, and how ``policy.chat_format=auto`` detects it.
 """
 
@@ -31,12 +31,13 @@ def _available(vocabulary: str | None) -> bool | None:
 
 def format_rows() -> list[dict[str, Any]]:
     """One object per family: ``name``, ``tokenizer`` (``builtin:<vocabulary>`` or None),
-    ``installed`` (its vocabulary's package is here; None without one), ``tested``, ``renderer``,
-    ``detection``, ``note``."""
+    ``installed`` (its vocabulary's package and the packages it needs, ``FormatInfo.requires``,
+    are here; None without either), ``tested``, ``renderer``, ``detection``, ``note``."""
     rows = []
     for info in format_infos():
         row = info.as_row()
-        row["installed"] = _available(info.vocabulary)
+        vocabulary = _available(info.vocabulary)
+        row["installed"] = None if vocabulary is None and not info.requires else vocabulary is not False and not info.missing()
         rows.append(row)
     return rows
 

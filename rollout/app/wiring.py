@@ -195,10 +195,24 @@ def open_pool(cfg: Config, log_dir_name: str = "local_stack_logs", startup: str 
         logger.info("start-up (%s): actors ready %.2f s after open_pool (%.2f s after the interpreter started): %s", startup,
                     timeline.actors_ready_s, timeline.process_start_to_ready_s,
                     ", ".join(f"{k} {a:.2f}-{b:.2f} s" for k, (a, b) in timeline.phases.items()))
-        logger.info("chat template probe (%s):\n%s", run.cfg.policy.tokenizer, run.pool.worker_infos()[0]["template_probe"])
+        log_template_probe(run.cfg.policy.tokenizer, run.pool.worker_infos()[0])
         yield run.cfg, run.pool, task_ids
     finally:
         run.close()
+
+
+def log_template_probe(tokenizer: str, info: dict) -> None:
+    """Log what the actors' start-up probe of the chat format found (``info``: an actor's
+    ``RolloutWorker.info()``): one INFO line (:meth:`~rollout.core.formats.TemplateReport.headline`),
+    each case (yes / NO) at DEBUG. A ``NO`` there is often expected (Qwen3's template re-renders
+    earlier turns differently, which is why the history is appended); docs/exactness.md says what
+    each check means."""
+    line = info.get("template_probe_line")
+    if line:
+        logger.info("chat template probe (%s): %s (each case with logging.level=DEBUG; docs/exactness.md#the-start-up-probe)",
+                    tokenizer, line)
+    logger.debug("chat template probe (%s), each case (yes / NO; docs/exactness.md#the-start-up-probe):\n%s",
+                 tokenizer, info.get("template_probe", ""))
 
 
 class _Startup:

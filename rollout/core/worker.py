@@ -289,6 +289,7 @@ class RolloutWorker:
             "tokenizer": self.policy_cfg.tokenizer,
             "episodes_run": self.episodes_run,
             "template_probe": self.template_report.summary(),
+            "template_probe_line": self.template_report.headline(),
             "sandbox_kills": self.sandbox.kills if self.sandbox is not None else 0,
             "running": len(self._running),
             "gate_closed": self.gate.closed,

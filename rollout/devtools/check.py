@@ -19,7 +19,9 @@ a recording proxy placed in front of the router, then for each trajectory:
 
 With ``local.backend=tiny`` the model is the local stack's tiny model (rebuilt from
 ``local.tiny``, bit-identical to the server's); otherwise pass ``--model PATH`` (a ``transformers``
-causal LM with the policy's weights). Exit status 0 when exact, 1 when not, 2 on a bad config.
+causal LM with the policy's weights). ``--formats`` checks several chat formats one after the other
+(:func:`plan_runs` checks each one's packages before anything starts). Exit status 0 when exact, 1
+when not, 2 on a bad config or a named format whose packages are not installed here.
 """
 
 from __future__ import annotations
@@ -455,30 +457,66 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _runs(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """``(label, overrides)`` of each run: one per chat format of ``--formats`` (its vocabulary as
+@dataclass
+class Plan:
+    """What ``python -m rollout.check exactness`` will run, decided before anything starts.
+
+    Attributes:
+        runs: ``(label, overrides)`` of each run, one per chat format, in order.
+        skipped: ``(label, why)`` of each format the check would have added on its own and cannot
+            run here (``why``: one line naming the missing packages and how to install them).
+    """
+
+    runs: list[tuple[str, list[str]]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_runs(args: argparse.Namespace) -> Plan:
+    """The runs of the check: one per chat format of ``--formats`` (its vocabulary as
     ``policy.tokenizer``), by default the config's (and :data:`VLLM_SECOND_FORMAT` on vLLM).
 
+    Every planned format's packages are checked first (``FormatInfo.unavailable``: its renderer's
+    and its vocabulary's, nothing imported), so that a format that cannot run here is known before
+    any engine starts, not after the formats before it ran: one the user named (``--formats``, or
+    the config's ``policy.chat_format``) is refused; the one the check adds on its own is skipped,
+    with the reason (:attr:`Plan.skipped`).
+
     Raises:
-        ConfigError, FileNotFoundError: a bad config or format name.
+        ConfigError: a named format cannot run here (one line: the format, the missing packages
+            and the extra that installs them).
+        ConfigError, FileNotFoundError, KeyError: a bad config or format name.
     """
-    from rollout.core.formats.registry import format_info
+    from rollout.core.formats.registry import AUTO, format_info
 
     probe = load_config(args.config, args.overrides)
-    names = args.formats.split(",") if args.formats else [None]
+    names = [n.strip() for n in args.formats.split(",")] if args.formats else [None]
+    added = None
     if not args.formats and probe.local.enabled and probe.local.backend == "vllm" and probe.policy.chat_format != VLLM_SECOND_FORMAT:
-        names.append(VLLM_SECOND_FORMAT)
-    runs = []
+        added = VLLM_SECOND_FORMAT
+        names.append(added)
+    plan = Plan()
     for name in names:
         if name is None:
-            runs.append((f"{probe.policy.chat_format} ({probe.policy.tokenizer})", []))
+            own = str(probe.policy.chat_format)
+            why = None if own == AUTO else format_info(own).unavailable()  # auto: the tokenizer decides (the preflight)
+            if why:
+                raise ConfigError(f"policy.chat_format={own}: {why}")
+            plan.runs.append((f"{own} ({probe.policy.tokenizer})", []))
             continue
-        vocab = format_info(name.strip()).vocabulary
+        info = format_info(name)
+        vocab = info.vocabulary
         vocab = None if vocab is None else vocab if vocab.startswith("builtin:") else f"builtin:{vocab}"
-        extra = [f"policy.chat_format={name.strip()}"] + ([f"policy.tokenizer={vocab}"] if vocab else [])
-        out = f"rollout.output_dir={Path(probe.rollout.output_dir) / ('check_' + name.strip())}"
-        runs.append((f"{name.strip()} ({vocab or probe.policy.tokenizer})", extra + ([out] if len(names) > 1 else [])))
-    return runs
+        label = f"{name} ({vocab or probe.policy.tokenizer})"
+        why = info.unavailable()
+        if why and name == added:
+            plan.skipped.append((label, f"{why}; the check runs it by default on local.backend=vllm as a second vocabulary"))
+            continue
+        if why:
+            raise ConfigError(f"--formats {name}: {why}")
+        extra = [f"policy.chat_format={name}"] + ([f"policy.tokenizer={vocab}"] if vocab else [])
+        out = f"rollout.output_dir={Path(probe.rollout.output_dir) / ('check_' + name)}"
+        plan.runs.append((label, extra + ([out] if len(names) > 1 else [])))
+    return plan
 
 
 def _run_one(args: argparse.Namespace, label: str, extra: list[str]) -> int:
@@ -529,17 +567,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None and Path("configs/local.yaml").is_file():
         args.config = "configs/local.yaml"
     try:
-        runs = _runs(args)
+        plan = plan_runs(args)
     except (ConfigError, FileNotFoundError, KeyError) as e:
-        print(f"config error: {e}", file=sys.stderr)
+        print(f"config error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
+    for label, why in plan.skipped:
+        print(f"skipping chat format {label}: {why}", flush=True)
     from rollout.core.logs import setup_logging
 
     setup_logging(load_config(args.config, args.overrides).logging)
-    codes = [_run_one(args, label, extra) for label, extra in runs]
-    if len(runs) > 1:
-        print(("PASS" if max(codes) == 0 else "FAIL") + f": {len(runs)} chat formats checked: "
-              + ", ".join(f"{label} {'passed' if c == 0 else 'FAILED'}" for (label, _), c in zip(runs, codes)))
+    codes = [_run_one(args, label, extra) for label, extra in plan.runs]
+    if len(plan.runs) > 1 or plan.skipped:
+        print(("PASS" if max(codes) == 0 else "FAIL") + f": {len(plan.runs)} of {len(plan.runs) + len(plan.skipped)} chat formats checked: "
+              + ", ".join([f"{label} {'passed' if c == 0 else 'FAILED'}" for (label, _), c in zip(plan.runs, codes)]
+                          + [f"{label} SKIPPED (not checked: {why.split(' (', 1)[0]})" for label, why in plan.skipped]))
     return max(codes)
 
 

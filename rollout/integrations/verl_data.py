@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m rollout.integrations.verl_data``: write the tasks of one split (or given ids).
     Exit status 0, or 2 with one line on stderr: pandas or pyarrow missing (:func:`require_parquet`,
     checked first), or a domain, split or task id the benchmark lacks."""
-    ap = argparse.ArgumentParser(prog="python -m rollout.integrations.verl_data", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rollout.integrations.verl_data", description=__doc__.splitlines()[0].replace("``", ""))
     ap.add_argument("--domain", default="retail")
     ap.add_argument("--split", default="train", help="tau2's split of the domain (base, train, test, ...)")
     ap.add_argument("--task-ids", nargs="*", default=None, help="these task ids instead of the split")

@@ -30,14 +30,24 @@ def _env():
 
 
 def test_cli_runs_the_local_stack_end_to_end(tmp_path):
+    """Also: the summary is the last thing the command writes, its log lines and the actors' (which
+    Ray forwards) before it, as a terminal shows them (stdout and stderr in one stream, unbuffered).
+    Two actors log the same start-up lines, which Ray's log deduplication holds back (here for the
+    whole run) until the driver disconnects: at exit, after the summary, unless the command
+    disconnects first."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress",
-         "env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "pool.num_actors=1", f"rollout.output_dir={out}"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+         "env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "pool.num_actors=2", f"rollout.output_dir={out}"],
+        cwd=ROOT, env=dict(_env(), PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS_AGG_WINDOW_S="3600"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-6000:]
     assert "mean reward (retail, trainable)" in proc.stdout
+    tail = proc.stdout.rstrip("\n").splitlines()
+    assert tail[-1].startswith(f"samples: {out / 'samples.jsonl'}"), tail[-20:]
+    picked = [line for line in tail if "RolloutWorker pid=" in line and "policy.chat_format=auto: chat format hermes" in line]
+    assert len(picked) == 2, tail[-40:]  # each actor's line, the one Ray held back too (before the summary)
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 4
     assert [s.status for s in read_samples(out / "samples.jsonl")] == ["completed"] * 4

@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${VERL_VENV:-.venv-verl}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q -c tests/integrations/constraints.txt torch==2.13.0 -e ".[test,tiny,verl]"
+"$VENV/bin/pip" install -q -c constraints/verl.txt torch==2.13.0 -e ".[test,tiny,verl]"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests/integrations}"

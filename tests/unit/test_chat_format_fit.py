@@ -6,6 +6,7 @@ open_pool's refusal before anything starts: tests/e2e/test_bad_sources.py."""
 from __future__ import annotations
 
 import pytest
+from support.packages import FAMILIES, hide_packages
 
 from rollout.app.preflight import tokenizer as tok
 from rollout.core.config import ConfigError
@@ -20,12 +21,27 @@ def fresh(tmp_path, monkeypatch):
 
 
 def test_mistral_with_the_qwen3_tokenizer_is_one_config_line_naming_both_keys(fresh):
+    pytest.importorskip("mistral_common", reason="the mistral format needs the families extra (pip install -e '.[families]'); "
+                                                 "without it: test_a_format_whose_packages_are_missing_is_one_line_naming_them")
     with pytest.raises(ConfigError) as e:
         tok.check_chat_format("builtin:qwen3", "mistral")
     msg = str(e.value)
     assert msg.startswith("policy.chat_format=mistral does not fit policy.tokenizer=builtin:qwen3: "), msg
     assert "builtin:mistral" in msg and "\n" not in msg, msg  # what to pass instead, on one line
     assert not list(fresh.rglob("chat-formats/*.json"))  # a misfit is never remembered
+
+
+def test_a_format_whose_packages_are_missing_is_one_line_naming_them(fresh, monkeypatch):
+    """Without the families extra (here hidden), a named format that needs it is refused before its
+    tokenizer loads, naming the key, the missing packages and the extra."""
+    hide_packages(monkeypatch, FAMILIES)
+    monkeypatch.setattr("rollout.core.tokenizer.load_tokenizer", lambda name: pytest.fail("the tokenizer was loaded"))
+    with pytest.raises(ConfigError) as e:
+        tok.check_chat_format("builtin:qwen3", "mistral")
+    msg = str(e.value)
+    assert msg.startswith("policy.chat_format=mistral: chat format mistral needs mistral-common, not installed here"), msg
+    assert "pip install 'tau-rollout[families]'" in msg and "\n" not in msg, msg
+    assert not list(fresh.rglob("chat-formats/*.json"))
 
 
 def test_auto_detection_that_finds_no_family_names_both_keys(fresh, monkeypatch):

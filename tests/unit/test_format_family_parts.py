@@ -62,3 +62,7 @@ def test_a_renderers_family_entry_names_its_renderer_and_the_extra_it_needs():
     assert (info.renderer, info.tested, info.vocabulary) == ("renderers.ToyRenderer (prefix-stable)", True, "toy")
     assert info.note == "one call per turn; needs the extra 'families' (renderers)"
     assert info.as_row()["tokenizer"] == "builtin:toy"
+    assert (info.requires, info.extra) == ((("renderers", "renderers"),), "families")
+    with_vocabulary = renderers_format_info("toy", info.factory, info.detect, vocabulary="toy", detection="never", renderer="R", note="n",
+                                            vocabulary_package=("toy_vocab", "toy-vocab"))
+    assert with_vocabulary.requires == (("renderers", "renderers"), ("toy_vocab", "toy-vocab"))

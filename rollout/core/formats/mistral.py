@@ -394,5 +394,6 @@ FORMATS = (
         tested=True,
         note=("builtin:mistral is tekken_240911.json (tokenizer v3); v7, v11, v13+ from a model's own tekken.json; "
               "several calls per turn; needs the extra 'families' (mistral-common)"),
+        requires=(("mistral_common", "mistral-common"),), extra="families",
     ),
 )

@@ -158,6 +158,23 @@ class TemplateReport:
         """Whether the format is usable (no fatal problem)."""
         return not self.problems
 
+    def headline(self) -> str:
+        """The findings in one line, for the start-up log: usable or not, then per check how many
+        of its cases hold (``6/6``), what a ``NO`` in :meth:`summary` means where it is expected,
+        and the first problem. docs/exactness.md ("The start-up probe") explains each check."""
+        def count(d: dict[str, bool]) -> str:
+            return f"{sum(map(bool, d.values()))}/{len(d)}"
+
+        parts = [f"each message's delta is the same whatever came before it in {count(self.delta_independent)} cases"]
+        if self.canonical_boundary:
+            parts.append(f"tokenized as the whole text is at turn boundaries in {count(self.canonical_boundary)}")
+        if self.prefix_stable:
+            parts.append(f"re-rendering the history is a prefix of the next render in {count(self.prefix_stable)} (not needed by "
+                         "policy.history=append, the default: it never re-renders)")
+        if self.problems:
+            parts.append(f"{len(self.problems)} problem(s), the first: {self.problems[0]}")
+        return ("exact deltas" if self.ok else "NOT usable") + ": " + "; ".join(parts)
+
     def summary(self) -> str:
         """The findings, one line each (the ``PROBLEM:`` lines last), for logs and errors."""
         def fmt(d: dict[str, bool]) -> str:

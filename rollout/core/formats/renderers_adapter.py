@@ -426,11 +426,14 @@ class RenderersFormat:
 
 
 def renderers_format_info(name: str, factory: ChatFormatFactory, detect: Callable[[Any], bool], *, detection: str, vocabulary: str,
-                          renderer: str, note: str) -> FormatInfo:
+                          renderer: str, note: str, vocabulary_package: tuple[str, str] | None = None) -> FormatInfo:
     """The registry entry of a family rendered by ``renderers`` (:class:`RenderersFormat`): its
     :class:`~rollout.core.formats.registry.FormatInfo` with ``renderer`` shown as
     ``renderers.<renderer>`` (the class, then how it renders), ``tested`` (the suite runs it
-    against its ``builtin:<vocabulary>``, shipped on PyPI) and ``note`` followed by
-    ``; needs the extra 'families' (renderers)``."""
+    against its ``builtin:<vocabulary>``, shipped on PyPI), ``note`` followed by
+    ``; needs the extra 'families' (renderers)``, and ``requires`` renderers and
+    ``vocabulary_package`` (``(import name, PyPI name)`` of the package shipping the vocabulary,
+    where one does), both installed by the ``families`` extra."""
     return FormatInfo(name=name, factory=factory, detect=detect, detection=detection, vocabulary=vocabulary,
-                      renderer=f"renderers.{renderer}", tested=True, note=f"{note}; needs the extra 'families' (renderers)")
+                      renderer=f"renderers.{renderer}", tested=True, note=f"{note}; needs the extra 'families' (renderers)",
+                      requires=(("renderers", "renderers"),) + ((vocabulary_package,) if vocabulary_package else ()), extra="families")

@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("psutil") is None:  # the benches read process trees
         print("error: python -m rollout.bench needs psutil, which is not installed: pip install 'tau-rollout[bench]'", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog="python -m rollout.bench", description=__doc__.split("\n\n")[0])
+    from rollout.app.args import plain_text
+
+    parser = argparse.ArgumentParser(prog="python -m rollout.bench", description=plain_text(__doc__.split("\n\n")[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pause", help="pause latency with episodes in flight, side by side with idle")
     p.add_argument("--config", "-c", default="configs/local.yaml")

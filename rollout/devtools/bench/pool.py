@@ -106,6 +106,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from rollout.app.args import plain_text
 from rollout.app.preflight import check_config
 from rollout.core.config import Config, ConfigError, load_config
 
@@ -722,7 +723,7 @@ def plot_rows(rows: list[dict[str, Any]], path: str) -> None:
 def add_parser(sub) -> None:
     """Add the ``pool`` sub-command to ``sub`` (argparse sub-parsers); it sets ``run``."""
     p = sub.add_parser("pool", help="the main job at 256 / 1024 concurrent episodes against a server with injected latency",
-                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_text(__doc__.split("\n\n")[0]), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", default="configs/local.yaml")
     p.add_argument("--concurrency", default="256,1024", help="comma-separated concurrent episodes (all actors together)")
     p.add_argument("--actors", default="1,2", help="comma-separated actor counts")

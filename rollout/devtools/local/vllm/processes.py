@@ -64,6 +64,8 @@ INSTALL_HINT = "bash launch/install_vllm.sh (the lean CPU install into .venv-vll
 _SUPERVISE = str(Path(__file__).with_name("supervise.py"))
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _POLL_S = 0.5
+# How often a start-up still waiting says so (seconds): vLLM's CPU start-up is silent for 40-90 s.
+PROGRESS_EVERY_S = 15.0
 _TERM_GRACE_S = 15.0
 
 
@@ -203,8 +205,16 @@ class _Supervised:
             self.proc.wait()
             logger.info("killed %s (process group %d)", self.name, self.proc.pid)
 
-    def _wait_until(self, ready, deadline: float, timeout_s: float, what: str) -> None:
+    def _wait_until(self, ready, deadline: float, timeout_s: float, what: str, started: float | None = None) -> None:
+        """Poll ``ready() -> (ok, last answer)`` until ok; every :data:`PROGRESS_EVERY_S` seconds
+        (counted from ``started``, monotonic; None: now) log at INFO that it is still waiting.
+
+        Raises:
+            RuntimeError: the process exited, or ``deadline`` passed (with the log's tail).
+        """
         last = ""
+        begun = time.monotonic() if started is None else started
+        note_at = begun + PROGRESS_EVERY_S
         while True:
             if not self.alive:
                 raise self._exited(what)
@@ -214,9 +224,14 @@ class _Supervised:
                     return
             except OSError as e:
                 last = repr(e)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise RuntimeError(f"{self.name}: {what} did not finish within {timeout_s:.0f} s (last: {last}); "
                                    f"log {self.log_path}:\n{log_tail(self.log_path)}")
+            if now >= note_at:
+                logger.info("%s: still starting (%.0f s): %s not done yet (last: %s); log %s", self.name, now - begun, what,
+                            last or "no answer", self.log_path)
+                note_at = now + PROGRESS_EVERY_S
             time.sleep(_POLL_S)
 
 
@@ -302,8 +317,9 @@ class VllmServer(_Supervised):
         """
         self._spawn(self.command(), self.environment())
 
-    def wait_ready(self, deadline: float, timeout_s: float) -> None:
-        """Block until ``GET /health`` answers 200 (``deadline`` on the monotonic clock).
+    def wait_ready(self, deadline: float, timeout_s: float, started: float | None = None) -> None:
+        """Block until ``GET /health`` answers 200 (``deadline`` on the monotonic clock), logging
+        every :data:`PROGRESS_EVERY_S` seconds from ``started`` (None: now) that it still waits.
 
         Raises:
             RuntimeError: the process exited, or the deadline passed (the message has the log's tail).
@@ -312,7 +328,7 @@ class VllmServer(_Supervised):
             status, body = http_json("GET", self.url + "/health", timeout=5.0)
             return status == 200, f"HTTP {status}"
 
-        self._wait_until(ready, deadline, timeout_s, "start-up (GET /health)")
+        self._wait_until(ready, deadline, timeout_s, "start-up (GET /health)", started)
 
     def start(self, timeout_s: float = 600.0) -> VllmServer:
         """Start it and wait until it answers (36-300 s on this machine, by load). Stops it on failure.

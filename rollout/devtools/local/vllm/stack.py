@@ -97,11 +97,13 @@ class VllmStack:
         self._started = True
         atexit.register(self.stop)
         t0 = time.monotonic()
+        logger.info("starting %d vLLM CPU server(s) and vllm-router (vLLM takes about a minute to start on the CPU; "
+                    "logs in %s)", len(self.servers), self.log_dir)
         try:
             for s in self.servers:
                 s.spawn()
             for s in self.servers:
-                s.wait_ready(t0 + self.startup_timeout_s, self.startup_timeout_s)
+                s.wait_ready(t0 + self.startup_timeout_s, self.startup_timeout_s, started=t0)
                 self._set_version(s, self.weight_version)
             self.router.start()
         except BaseException:
