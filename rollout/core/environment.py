@@ -295,6 +295,11 @@ class BenchmarkEntry:
             work once the endpoints are resolved (tau2: the NL-assertion judge, when a selected
             task needs one), raising with one line; the preflight runs it after ``check_user``.
             ``None``: nothing to check.
+        graded_by: ``graded_by(env_cfg) -> GradedBy``: what grades ``env_cfg.domain`` in this
+            process (the installed package, its version, the task set's digest:
+            :class:`rollout.core.records.GradedBy`), cheap after its first call. The pool compares
+            the driver's with every actor's before any episode runs
+            (:mod:`rollout.core.pool.fingerprint`). ``None``: only the benchmark's name is compared.
 
     A new optional hook is one more field with a ``None`` default, read with :func:`benchmark_hook`.
     """
@@ -305,6 +310,7 @@ class BenchmarkEntry:
     check_config: Callable[[Any], None] | str | None = None
     check_user: Callable[[Any], Any] | str | None = None
     check_env: Callable[[Any], Any] | str | None = None
+    graded_by: Callable[[Any], Any] | str | None = None
 
 
 _HOOKS = tuple(f.name for f in dataclasses.fields(BenchmarkEntry))
@@ -316,7 +322,8 @@ def _registered_builtins(reg: Registry) -> None:
                                         gold_index="rollout.benchmarks.tau2.environment:gold_index",
                                         check_config="rollout.benchmarks.tau2.retrieval:check_env_config",
                                         check_user="rollout.benchmarks.user_api:check_user_simulator",
-                                        check_env="rollout.benchmarks.tau2.judge:check_judge"))
+                                        check_env="rollout.benchmarks.tau2.judge:check_judge",
+                                        graded_by="rollout.benchmarks.tau2.version:graded_by"))
     reg.register("tau_bench", BenchmarkEntry("rollout.benchmarks.tau_bench.environment:load_benchmark",
                                              gold_index="rollout.benchmarks.tau_bench.environment:gold_index",
                                              check="rollout.benchmarks.tau_bench.environment:require_tau_bench",
@@ -337,7 +344,7 @@ def register_benchmark(name: str, loader: BenchmarkEntry | Callable[..., Benchma
                        gold_index: Callable[[str], tuple[list[Any], dict[str, bool]]] | str | None = None,
                        check: Callable[[], None] | str | None = None, check_config: Callable[[Any], None] | str | None = None,
                        check_user: Callable[[Any], Any] | str | None = None, check_env: Callable[[Any], Any] | str | None = None,
-                       replace: bool = False) -> None:
+                       graded_by: Callable[[Any], Any] | str | None = None, replace: bool = False) -> None:
     """Register a benchmark under ``name`` (what ``env.benchmark`` selects).
 
     Args:
@@ -347,7 +354,7 @@ def register_benchmark(name: str, loader: BenchmarkEntry | Callable[..., Benchma
             ``"module:attribute"`` path of either, imported at the first :func:`load_benchmark`
             (so that registering imports nothing). A path given alone is a path entry: it reaches
             the Ray actors (:func:`rollout.core.registry.registered_paths`).
-        gold_index, check, check_config, check_user, check_env: the optional hooks of :class:`BenchmarkEntry`
+        gold_index, check, check_config, check_user, check_env, graded_by: the optional hooks of :class:`BenchmarkEntry`
             (callables or paths).
         replace: swap a registered name on purpose.
 
@@ -355,7 +362,8 @@ def register_benchmark(name: str, loader: BenchmarkEntry | Callable[..., Benchma
         ValueError: ``name`` is not an identifier, or is registered already (see
             :func:`unregister_benchmark`), or hooks are given beside a :class:`BenchmarkEntry`.
     """
-    hooks = {"gold_index": gold_index, "check": check, "check_config": check_config, "check_user": check_user, "check_env": check_env}
+    hooks = {"gold_index": gold_index, "check": check, "check_config": check_config, "check_user": check_user, "check_env": check_env,
+             "graded_by": graded_by}
     given = {k: v for k, v in hooks.items() if v is not None}
     if isinstance(loader, BenchmarkEntry) and given:
         raise ValueError(f"benchmark {name!r}: give the hooks in the BenchmarkEntry, not beside it")
@@ -390,7 +398,7 @@ def get_benchmark(name: str) -> BenchmarkEntry:
 
 def benchmark_hook(name: str, hook: str) -> Callable[..., Any] | None:
     """Benchmark ``name``'s hook ``hook`` (a field of :class:`BenchmarkEntry`: ``"loader"``,
-    ``"gold_index"``, ``"check"``, ``"check_config"``, ``"check_user"``, ``"check_env"``), imported when given as
+    ``"gold_index"``, ``"check"``, ``"check_config"``, ``"check_user"``, ``"check_env"``, ``"graded_by"``), imported when given as
     a path; ``None`` when it has none. The app reaches what is specific to a benchmark only
     through these.
 

@@ -76,7 +76,7 @@ def _as_value(cell: str):
 
 def test_every_key_has_its_type_default_and_doc_beside_it():
     keys = schema_keys()
-    assert [k.name for k in keys] == _leaf_names() and len(keys) == 125
+    assert [k.name for k in keys] == _leaf_names() and len(keys) == 126
     assert len([k for k in keys if k.name.startswith("local.")]) == 34  # the local stack's (11 of them local.vllm)
     for k in keys:
         assert len(k.doc.split()) >= 2 and k.doc.endswith("."), (k.name, k.doc)  # a sentence, not a placeholder

@@ -20,7 +20,7 @@ from rollout.benchmarks.tau2.imports import domain_loaders, import_tau2, literal
 from rollout.benchmarks.tau2.retrieval import constructor_params, env_kwargs
 from rollout.benchmarks.tau2.sandbox import ToolSandbox
 from rollout.benchmarks.tau2.user import make_user
-from rollout.benchmarks.tau2.version import tau2_info
+from rollout.benchmarks.tau2.version import domain_tau2_info
 from rollout.core.config import EnvConfig, TaskSelectionError
 from rollout.core.records import GradedBy, TaskIssue
 from rollout.core.tasks import unknown_task_ids
@@ -89,7 +89,8 @@ class Tau2Domain:
         self._loaders = loaders
         self.retrieval_config = retrieval_config
         self.env_params = constructor_params(loaders.get_environment)
-        self.tasks = {t.id: t for t in loaders.get_tasks(None)}
+        loaded = loaders.get_tasks(None)
+        self.tasks = {t.id: t for t in loaded}
         splits = loaders.get_tasks_split() if loaders.get_tasks_split is not None else None
         self.splits: dict[str, list[str]] = dict(splits) if splits else {"base": list(self.tasks)}
         env = self.new_environment()
@@ -103,7 +104,7 @@ class Tau2Domain:
         # The fast path's shared database is this environment's (parsed once per actor).
         make_env = self._make_env if "db" in self.env_params else None
         self.fast = FastPath(name, env, self.tool_types, pure=self.pure_tools, make_env=make_env)
-        self.info = tau2_info(name, self.tasks.values())
+        self.info = domain_tau2_info(name, loaded)  # the tasks as tau2's loaders give them (the graded_by hook's digest)
         self.graded_by = GradedBy("tau2", self.info.distribution, self.info.version, self.info.task_set)
         logger.info("tau2 domain %s: %d tasks, graded by %s; fast path: %s", name, len(self.tasks), self.info.label(), self.fast.mode)
         self._tool_executor: ThreadPoolExecutor | None = None

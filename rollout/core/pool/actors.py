@@ -9,9 +9,11 @@ that they run the configured event loop, and wraps every call the pool makes on 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +22,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rollout.core.config import Config
 from rollout.core.environment import domain_key
-from rollout.core.pool import raycalls
+from rollout.core.pool import cluster, raycalls
+from rollout.core.pool.fingerprint import SoftwareFingerprint, mismatch_line, software_fingerprint
 from rollout.core.pool.raymetrics import RayRecorder
 from rollout.core.records import EpisodeSpec, TaskIssue
 from rollout.core.registry import registered_paths, restore_paths
@@ -40,6 +43,11 @@ class RolloutWorker(_Worker):
     def __init__(self, *args: Any, registry_paths: Mapping[str, Mapping[str, str]] | None = None, **kwargs: Any):
         restore_paths(registry_paths or {})
         super().__init__(*args, **kwargs)
+
+    def software(self) -> dict[str, Any]:
+        """What this actor's process runs (:func:`rollout.core.pool.fingerprint.software_fingerprint`
+        of its ``env`` section), as plain values: :meth:`SoftwareFingerprint.to_dict`."""
+        return software_fingerprint(self.env_cfg).to_dict()
 
 
 RemoteRolloutWorker = ray.remote(RolloutWorker)
@@ -94,8 +102,10 @@ def ray_address(configured: str | None) -> str | None:
 RAY_START_TIMED_OUT = "timed out during startup"
 
 
-def _init_ray(configured: str | None) -> None:
-    """``ray.init`` on :func:`ray_address`, after preflight's one-line check of a named address.
+def _init_ray(configured: str | None) -> bool:
+    """``ray.init`` on :func:`ray_address`, after preflight's one-line check of a named address; a
+    new local cluster listens on 127.0.0.1 only (:func:`rollout.core.pool.cluster.loopback_only`).
+    Returns whether it started a new local cluster.
 
     Raises:
         rollout.core.startup.PreflightError: ``configured`` does not answer; or a new local
@@ -116,8 +126,14 @@ def _init_ray(configured: str | None) -> None:
     # actors get workers of their own: their runtime_env differs): on a small machine they take
     # CPU from the actors' start-up, so none is prestarted (only settable on a new cluster).
     extra = {"_system_config": {"prestart_worker_first_driver": False}} if address == "local" and not PRESTART_IDLE_WORKERS else {}
+    local = address == "local"
     try:
-        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True, **extra)
+        # a new local cluster serves this driver alone: its ports (GCS, raylet, workers, agents, the
+        # Prometheus export) listen on the loopback address, not on every interface
+        with cluster.loopback_only() if local else contextlib.nullcontext():
+            ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=True,
+                     **({"_node_ip_address": cluster.LOOPBACK} if local else {}), **extra)
+        return local
     except Exception as e:
         if RAY_START_TIMED_OUT not in str(e):
             raise
@@ -151,6 +167,8 @@ class ActorSet:
         self.gcs_address: str | None = None
         self.task_ids: list[str] | None = None
         self.task_issues: dict[str, list[TaskIssue]] = {}
+        self.local_cluster = False  # the pool started a new local Ray cluster (it cannot grow)
+        self._launched_at = 0.0  # time.monotonic() when the actors were created
 
     def launch(self, env_vars: dict[str, str]) -> None:
         """Connect to (or start) Ray and create the actors, without waiting for them: each
@@ -162,8 +180,10 @@ class ActorSet:
                 :func:`rollout.core.eventloop.ray_env_vars`).
 
         Raises:
-            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here, or
-                ``pool.ray_address`` does not answer (one line, before any actor starts).
+            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here,
+                ``pool.ray_address`` does not answer, or ``pool.num_actors`` actors of
+                ``pool.num_cpus_per_actor`` CPUs can never all run on the cluster
+                (:func:`rollout.core.pool.cluster.fit_problem`): one line, before any actor starts.
         """
         from rollout.core.tokenizer import TokenizerSourceError, check_tokenizer_source
 
@@ -172,13 +192,18 @@ class ActorSet:
         except TokenizerSourceError as e:
             raise PreflightError(str(e)) from None
         if not ray.is_initialized():
-            _init_ray(self.cfg.pool.ray_address)
+            self.local_cluster = _init_ray(self.cfg.pool.ray_address)
         p = self.cfg.pool
+        groups = None if self.local_cluster else cluster.autoscaling_node_groups()
+        problem = cluster.fit_problem(p.num_actors, p.num_cpus_per_actor, cluster.node_cpus(), groups, local=self.local_cluster)
+        if problem:
+            raise PreflightError(problem)
         # the actors' event loop (pool.event_loop): Ray builds it, from RAY_USE_UVLOOP
         opts = dict(num_cpus=p.num_cpus_per_actor, max_concurrency=p.max_concurrent_episodes + 8, max_restarts=-1, max_task_retries=0,
                     runtime_env={"env_vars": env_vars})
         domain = domain_key(self.cfg.env.benchmark, self.cfg.env.domain)
         paths = registered_paths()  # what the driver registered by path, registered in each actor first
+        self._launched_at = time.monotonic()
         self.actors = [
             RemoteRolloutWorker.options(**opts).remote(
                 self.cfg.policy, self.cfg.env, self.cfg.logging, p.max_concurrent_episodes, self.cfg.rollout.partial_rollout,
@@ -198,22 +223,37 @@ class ActorSet:
             self.gcs_address = None
 
     def wait_ready(self) -> list[dict]:
-        """Wait until every actor :meth:`launch` created is ready; returns each one's ``info()``
-        (and keeps the domain's task ids, from the first actor, in :attr:`task_ids`).
+        """Wait until every actor :meth:`launch` created is ready, at most until
+        ``pool.actor_start_timeout_s`` after their creation; check that each runs the driver's
+        software (:mod:`rollout.core.pool.fingerprint`) and event loop; return each one's
+        ``info()`` (and keep the domain's task ids, from the first actor, in :attr:`task_ids`).
 
         Raises:
+            rollout.core.startup.PreflightError: an actor was not ready in time
+                (:func:`rollout.core.pool.cluster.start_timeout_line`), or runs other software than
+                the driver (:func:`rollout.core.pool.fingerprint.mismatch_line`): one line; the
+                actors are stopped and no episode ran.
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
         """
         p = self.cfg.pool
+        n = len(self.actors)
+        mine = software_fingerprint(self.cfg.env)  # the driver's (once per process), while the actors start
+        infos_refs = [a.info.remote() for a in self.actors]
+        left = max(0.0, self._launched_at + p.actor_start_timeout_s - time.monotonic())
         try:
-            answers = raycalls.get([a.info.remote() for a in self.actors] + [a.event_loop.remote() for a in self.actors]
-                              + [self.actors[0].domain_task_ids.remote(), self.actors[0].domain_open_issues.remote()])
-            n = len(self.actors)
+            answers = raycalls.get(infos_refs + [a.event_loop.remote() for a in self.actors]
+                                   + [self.actors[0].domain_task_ids.remote(), self.actors[0].domain_open_issues.remote()], timeout=left)
             infos, loops, self.task_ids, self.task_issues = answers[:n], answers[n:2 * n], answers[-2], answers[-1]
+        except GetTimeoutError:
+            ready, _ = raycalls.wait(infos_refs, num_returns=n, timeout=0)
+            free = ray.available_resources().get("CPU", 0.0)  # Ray leaves out a resource none of which is free
+            self.close(graceful=False)
+            raise PreflightError(cluster.start_timeout_line(p.actor_start_timeout_s, n, len(ready), p.num_cpus_per_actor, free)) from None
         except RayActorError as e:
             raise RuntimeError(f"a rollout actor failed to start: {e}") from None
+        self._check_software(mine)
         wrong = [(i["pid"], k) for i, k in zip(infos, loops) if k != p.event_loop]
         if wrong:
             self.close(timeout_s=5.0)
@@ -223,6 +263,21 @@ class ActorSet:
         metrics = "metrics on" if recording == len(infos) else "metrics off" if not recording else f"metrics on in {recording}"
         logger.info("%d rollout actors ready (pids %s, event loop %s, %s)", len(infos), [i["pid"] for i in infos], p.event_loop, metrics)
         return infos
+
+    def _check_software(self, mine: SoftwareFingerprint) -> None:
+        """Refuse (one line, the actors stopped) when an actor runs other software than the
+        driver's ``mine``, or cannot say what it runs (a rollout without :meth:`RolloutWorker.software`)."""
+        try:
+            theirs = [SoftwareFingerprint.from_dict(d) for d in raycalls.get([a.software.remote() for a in self.actors], timeout=60)]
+        except (RayTaskError, GetTimeoutError) as e:
+            self.close(timeout_s=5.0)
+            raise PreflightError(f"the rollout actors do not say what software they run ({type(e).__name__}): they run another "
+                                 f"rollout than this driver ({mine.values['rollout']}, {mine.python}); start the Ray cluster from this "
+                                 "environment, or set pool.ray_address=local for a new local cluster") from None
+        line = mismatch_line(mine, theirs)
+        if line is not None:
+            self.close(timeout_s=5.0)
+            raise PreflightError(line)
 
     def close(self, timeout_s: float = 10.0, graceful: bool = True) -> None:
         """Stop the actors within about ``timeout_s`` seconds: each cancels its running episodes

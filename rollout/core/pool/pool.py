@@ -9,6 +9,9 @@ late duplicate is dropped. The parts:
 
 * :mod:`~rollout.core.pool.actors`: Ray start-up and the actor set (``ray.remote`` is applied to
   :class:`rollout.core.worker.RolloutWorker` there and nowhere else);
+* :mod:`~rollout.core.pool.cluster`: whether the actors fit the cluster, their start's deadline, a
+  new local cluster's addresses (127.0.0.1); :mod:`~rollout.core.pool.fingerprint`: what software
+  the driver and each actor run (compared before any episode);
 * :mod:`~rollout.core.pool.scheduler`: dispatch, health pings, head-loss detection, overdue
   reclaim, retries;
 * :mod:`~rollout.core.pool.ledger`: exactly-once bookkeeping, the journal, the episode counters;
@@ -140,9 +143,11 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
                 overlaps the local stack's start-up and the preflight checks with the actors' this way.
 
         Raises:
-            rollout.core.startup.PreflightError: ``policy.tokenizer`` names nothing loadable here,
-                ``pool.ray_address`` does not answer, or a new local Ray cluster did not start in
-                Ray's fixed 30 s (one line, before any actor starts).
+            rollout.core.startup.PreflightError: one line, no episode run (see
+                :meth:`ActorSet.launch` and :meth:`ActorSet.wait_ready`): a bad ``policy.tokenizer``
+                or ``pool.ray_address``, a new local Ray that did not start, actors that can never
+                fit the cluster's CPUs, actors not ready within ``pool.actor_start_timeout_s``, or
+                running other software than the driver (:mod:`rollout.core.pool.fingerprint`).
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
