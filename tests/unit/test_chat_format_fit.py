@@ -39,7 +39,7 @@ def test_a_format_whose_packages_are_missing_is_one_line_naming_them(fresh, monk
     with pytest.raises(ConfigError) as e:
         tok.check_chat_format("builtin:qwen3", "mistral")
     msg = str(e.value)
-    assert msg.startswith("policy.chat_format=mistral: chat format mistral needs mistral-common, not installed here"), msg
+    assert msg.startswith("policy.chat_format=mistral: this chat format needs the package 'mistral-common', which is not installed here"), msg
     assert "pip install 'tau-rollout[families]'" in msg and "\n" not in msg, msg
     assert not list(fresh.rglob("chat-formats/*.json"))
 

