@@ -317,7 +317,7 @@ def test_a_stopped_runs_summary_accounts_for_every_planned_episode_and_a_resumes
     """An interrupted run: the episodes in the files, those journaled in groups not complete yet
     and those not delivered add up to the episodes planned, and the table shows all three; after a
     resume the wall time says it spans the sessions, and this session's."""
-    from rollout.app.cli import format_summary
+    from rollout.app.summary import format_summary
     from rollout.core.output import where_episodes_are
 
     specs = make_specs("retail", ["0", "1", "2"], 2)  # 3 groups of 2

@@ -143,11 +143,9 @@ class RolloutPool(WeightCycleAPI, AsyncPoolAPI):
                 overlaps the local stack's start-up and the preflight checks with the actors' this way.
 
         Raises:
-            rollout.core.startup.PreflightError: one line, no episode run (see
-                :meth:`ActorSet.launch` and :meth:`ActorSet.wait_ready`): a bad ``policy.tokenizer``
-                or ``pool.ray_address``, a new local Ray that did not start, actors that can never
-                fit the cluster's CPUs, actors not ready within ``pool.actor_start_timeout_s``, or
-                running other software than the driver (:mod:`rollout.core.pool.fingerprint`).
+            rollout.core.startup.PreflightError: one line, before any episode (:meth:`ActorSet.launch`, :meth:`ActorSet.wait_ready`):
+                a bad tokenizer or Ray address, a new local Ray that did not start, actors that cannot fit the cluster or
+                are not ready within ``pool.actor_start_timeout_s``, or that run other software than the driver.
             RuntimeError: an actor failed to start (e.g. bad tokenizer or chat template), with
                 the actor's error; or an actor runs another event loop than ``pool.event_loop``
                 (uvloop missing on its node; the actors are stopped).
