@@ -25,6 +25,7 @@ from rollout.core.telemetry import KNOWN_TAGS, METRICS, NULL_INSTRUMENT, NULL_RE
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.probes import DeliveryMetrics, EnvironmentMetrics, MeteredEnvironment
 from rollout.core.telemetry.recorder import resolve_tags
+from support.waits import until
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_the_lag_probe_hands_each_sample_to_its_callback():
     async def go():
         probe = LoopLagProbe(interval_s=0.01, max_samples=1, on_sample=seen.append)
         probe.start()
-        await asyncio.sleep(0.2)
+        await until(lambda: len(seen) >= 5, "five lag samples")
         probe.stop()
         return probe.stats()
 
