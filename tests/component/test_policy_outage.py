@@ -23,13 +23,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from support.waits import until
 
 from rollout.core.config import load_config
 from rollout.core.policy import BackendBreaker, PolicyServerError, SGLangClient, parse_generate_response
 from rollout.core.telemetry import MemoryRecorder
 from rollout.core.telemetry import registry as R
 from rollout.devtools.local.stack import free_port
-from support.waits import until
 
 IDS = [11, 12, 13]
 

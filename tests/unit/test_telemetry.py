@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.waits import until
 
 from rollout.core.config import load_config
 from rollout.core.environment import Action, StepResult, ToolTimeoutError, UserSimulatorError
@@ -25,7 +26,6 @@ from rollout.core.telemetry import KNOWN_TAGS, METRICS, NULL_INSTRUMENT, NULL_RE
 from rollout.core.telemetry import registry as R
 from rollout.core.telemetry.probes import DeliveryMetrics, EnvironmentMetrics, MeteredEnvironment
 from rollout.core.telemetry.recorder import resolve_tags
-from support.waits import until
 
 
 # -- the registry ---------------------------------------------------------------------------------
