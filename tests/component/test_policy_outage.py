@@ -39,7 +39,8 @@ class FakeBackend:
 
     ``rule(routing_key, rid)`` returns ``None`` (answer normally), an int (answer that status),
     ``("delay", s)`` (answer after ``s`` seconds) or ``"drop"`` (close the connection unanswered).
-    ``events`` lists ``("generate", rid)`` and ``("abort", rid)`` in arrival order.
+    ``events`` lists ``("generate", rid)`` and ``("abort", rid)`` in arrival order;
+    ``arrived`` the ``time.monotonic()`` of each ``/generate`` by rid.
     """
 
     def __init__(self, port: int | None = None):
@@ -48,6 +49,7 @@ class FakeBackend:
         self.rule = lambda key, rid: None
         self.events: list[tuple[str, str]] = []
         self.statuses: list[int] = []  # status of every /generate answer
+        self.arrived: list[tuple[str, float]] = []
         self._runner: web.AppRunner | None = None
 
     def rids(self, prefix: str = "") -> list[str]:
@@ -60,6 +62,7 @@ class FakeBackend:
         body = await request.json()
         rid = body["rid"]
         self.events.append(("generate", rid))
+        self.arrived.append((rid, time.monotonic()))
         action = self.rule(request.headers.get("X-SMG-Routing-Key", ""), rid)
         if action == "drop":
             request.transport.close()
@@ -137,8 +140,9 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
                 backend.rule = lambda key, rid: 503
             calls = [asyncio.create_task(client.generate([1, 2], 4, rid=f"e{i}#0", routing_key=f"e{i}")) for i in range(16)]
             await until(lambda: client.breaker.is_open and _excused(caplog, "e") == 16, "every call's failure judged part of the outage")
-            if how == "503":  # the 16 first attempts failed, then two probes (one at a time) failed too
-                await until(lambda: backend.statuses.count(503) >= 16 + 2, "two probes of the open breaker")
+            if how == "503":  # the 16 first attempts failed, then three probes (one at a time) failed too
+                await until(lambda: backend.statuses.count(503) >= 16 + 3, "three probes of the open breaker")
+                probes = [t for rid, t in backend.arrived if ".r" in rid]  # all answered 503 (the rule has not changed)
             assert not any(c.done() for c in calls)
             if how == "port_closed":
                 await backend.start()
@@ -152,9 +156,12 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
         assert len(_policy_records(caplog, logging.WARNING)) == 1  # "policy backend unreachable"
         assert len([r for r in _policy_records(caplog, logging.INFO) if "is back" in r.getMessage()]) == 1
         if how == "503":
-            # 16 first attempts failed, then probes one at a time until the second one's failure
-            # was seen: 16 calls each retrying would have added 16 at once.
-            assert 16 + 2 <= backend.statuses.count(503) <= 16 + 4, backend.statuses.count(503)
+            # 16 first attempts failed, then probes one at a time until the third one's failure
+            # was seen: 16 calls each retrying would have added 16 at once
+            assert 16 + 3 <= backend.statuses.count(503) <= 16 + 5, backend.statuses.count(503)
+            # one at a time: each probe went out a back-off (>= 0.125 s) after the one before had
+            # failed, never alongside it (a lower bound: no machine makes it shorter)
+            assert len(probes) >= 3 and all(b - a >= 0.1 for a, b in zip(probes, probes[1:])), probes
     finally:
         await backend.stop()
 
