@@ -293,6 +293,7 @@ class RolloutWorker:
             "sandbox_kills": self.sandbox.kills if self.sandbox is not None else 0,
             "running": len(self._running),
             "gate_closed": self.gate.closed,
+            "gate_waiting": self.gate.waiting,  # of the running episodes, those whose call waits at the closed gate
             "breaker": self.breaker.stats(),
             "process_tuning": self.process_tuning,
             "request_retries": self._client.retries if self._client is not None else 0,

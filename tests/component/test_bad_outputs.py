@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -67,9 +66,7 @@ async def _run_corpus(tokenizer, cases, mode):
 
 
 async def test_corpus_through_episodes_abort_mode(tokenizer):
-    t0 = time.monotonic()
-    results = await _run_corpus(tokenizer, CORPUS, "abort")
-    assert time.monotonic() - t0 < 150  # a hang guard: about 16 s on a quiet machine
+    results = await _run_corpus(tokenizer, CORPUS, "abort")  # (its own hang guard: 120 s)
     for case, res in zip(CORPUS, results):
         traj = res.trajectory
         traj.check()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,37 +64,33 @@ def test_config_accepts_every_registered_domain_and_rejects_others_in_one_line(t
         assert name in msg
 
 
-def test_config_validation_stays_fast_and_imports_no_tau2(tmp_path):
-    """A fresh process: the error comes without tau2 (or litellm) being imported."""
+def test_config_validation_imports_no_tau2(tmp_path):
+    """A fresh process: the error comes without tau2 (or litellm) being imported (tau2's registry
+    takes seconds to import; ``python -m rollout.bench startup`` times the start-up)."""
     code = (
-        "import sys, time\n"
-        "t = time.monotonic()\n"
+        "import sys\n"
         "from rollout.app.preflight import check_before_start\n"
         "from rollout.core.config import ConfigError, load_config\n"
         "try:\n"
         f"    check_before_start(load_config(None, ['local.enabled=true', 'env.domain=nope', 'rollout.output_dir={tmp_path}']))\n"
         "except ConfigError as e:\n"
         "    print(e)\n"
-        "print(round(time.monotonic() - t, 3))\n"
         "print(sorted(m for m in ('tau2', 'tau2.registry', 'litellm') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    error, seconds, imported = out.stdout.strip().splitlines()
+    error, imported = out.stdout.strip().splitlines()
     assert error.startswith("env.domain: 'nope' is not a tau2 domain") and "telecom" in error
     assert imported == "[]"
-    assert float(seconds) < 8.0  # about 0.3-0.9 s here; the registry itself would take about 9 s
 
 
 def test_the_cli_reports_an_unknown_domain_as_a_config_error(capsys):
     from rollout.app.cli import main
 
-    t0 = time.monotonic()
     assert main(["config", "--config", str(ROOT / "configs/local.yaml"), "env.domain=nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: env.domain: 'nope' is not a tau2 domain") and "\n" not in err
     assert "airline" in err and "telecom" in err
-    assert time.monotonic() - t0 < 5.0
 
 
 def test_a_domain_the_registry_gains_is_usable_by_name(tmp_path, monkeypatch, fresh_registry_cache):

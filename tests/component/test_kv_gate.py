@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 
 import aiohttp
 import pytest
 from aiohttp import web
 from support.tagged_worker import make_app
+from support.waits import until
 
 from rollout.core.config import AdaptiveConcurrencyConfig, PolicyConfig
 from rollout.core.policy import PolicyServerError, SGLangClient
@@ -19,8 +21,8 @@ from rollout.core.policy.kvgate import KVGate
 from rollout.devtools.local.stack import free_port
 
 
-async def _worker(name: str, delay_s: float = 0.0) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(make_app(name, "/nonexistent", delay_s))
+async def _worker(name: str, delay_s: float = 0.0, hold: asyncio.Event | None = None) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(make_app(name, "/nonexistent", delay_s, hold))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -38,11 +40,12 @@ def _cfg(urls: list[str], **kw) -> AdaptiveConcurrencyConfig:
                                      worker_urls=urls, **kw)
 
 
-async def _until(cond, timeout_s: float = 5.0) -> None:
-    t0 = asyncio.get_running_loop().time()
-    while not cond():
-        assert asyncio.get_running_loop().time() - t0 < timeout_s, "condition not reached"
-        await asyncio.sleep(0.02)
+async def _until(cond, what: str = "the gate's state") -> None:
+    await until(cond, what, interval_s=0.02)
+
+
+def _waiting(gate: KVGate) -> int:
+    return gate.stats()["waiting"]
 
 
 def test_the_gate_holds_above_the_high_water_mark_and_releases_below_the_low_water_mark():
@@ -59,15 +62,17 @@ def test_the_gate_holds_above_the_high_water_mark_and_releases_below_the_low_wat
                 await _set(s, u2, value=0.95)  # one worker past the high-water mark
                 await _until(lambda: gate.closed)
                 waiter = asyncio.ensure_future(gate.wait())
-                await asyncio.sleep(0.3)
+                await _until(lambda: _waiting(gate) == 1, "the call queued at the closed gate")
+                held_since = time.monotonic()  # (the gate's clock for this wait started before it queued)
                 assert not waiter.done()  # held
                 await _set(s, u2, value=0.8)  # between the marks: still held (hysteresis)
                 polls = gate.polls
                 await _until(lambda: gate.polls >= polls + 3)
                 assert gate.closed and not waiter.done() and gate.usage == pytest.approx(0.8)
+                released_after = time.monotonic()  # the release can only follow this reading
                 await _set(s, u2, value=0.7)  # below the low-water mark: released
-                held = await asyncio.wait_for(waiter, 5.0)
-                assert held >= 0.3 and not gate.closed and gate.holds == 1
+                held = await asyncio.wait_for(waiter, 120)
+                assert held >= released_after - held_since and not gate.closed and gate.holds == 1
                 assert gate.held_s == pytest.approx(held)
                 # between the marks from below: stays open
                 await _set(s, u2, value=0.85)
@@ -139,14 +144,17 @@ def test_a_generate_call_waits_at_the_gate_and_its_episode_counts_the_held_time(
                 await _set(s, u1, value=0.97)
                 await gate.poll_once()
                 call = asyncio.ensure_future(client.generate([1, 2, 3], 4, rid="ep@0#0", routing_key="ep"))
-                await asyncio.sleep(0.4)
+                await _until(lambda: _waiting(gate) == 1, "the call queued at the closed gate")
+                held_since = time.monotonic()
                 assert not call.done()  # held before it was sent
                 async with s.get(u1 + "/served") as r:
                     assert (await r.json())["calls"] == 0
+                released_after = time.monotonic()
                 await _set(s, u1, value=0.1)
-                gen = await asyncio.wait_for(call, 5.0)
+                gen = await asyncio.wait_for(call, 120)
                 assert gen.ids == [7] and gen.meta["worker"] == "w0"
-                assert client.kv_held_s["ep"] >= 0.4
+                # the episode counts the time its call waited at the gate: at least the span the test saw it held
+                assert client.kv_held_s["ep"] >= released_after - held_since > 0
             finally:
                 gate.close()
                 await r1.cleanup()
@@ -173,32 +181,34 @@ def test_open_the_gate_caps_calls_in_flight_grows_the_cap_below_low_water_and_cu
                 assert [t.waited for t in slots] == [0.0] * 4 and gate.in_flight == 4
                 assert all(t.worker is None for t in slots)  # placement=router: the calls go to the router
                 late = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
-                await asyncio.sleep(0.1)
+                await _until(lambda: _waiting(gate) == 3, "three calls queued behind the cap")
                 assert not any(f.done() for f in late)  # the cap binds: held, not sent
                 gate.release(slots.pop())
-                await asyncio.sleep(0.05)
-                assert late[0].done() and not late[1].done() and gate.in_flight == 4  # FIFO, one for one
+                await _until(lambda: late[0].done(), "the first held call's slot")
+                # FIFO, one for one: the gate grants at release, so the others are still queued
+                assert not late[1].done() and _waiting(gate) == 2 and gate.in_flight == 4
                 # below the low-water mark with the cap binding: +1 per worker per poll
                 await gate.poll_once()
-                await asyncio.sleep(0.05)
-                assert gate.limit == 6 and all(f.done() for f in late) and gate.in_flight == 6
+                await _until(lambda: all(f.done() for f in late), "the held calls' slots after the cap grew")
+                assert gate.limit == 6 and gate.in_flight == 6
                 # a retraction on a worker: the cap is cut by half (of the calls out), not below 1 per worker
                 await _set(s, u1, value=0.5, retractions=4)
                 await gate.poll_once()
                 assert gate.limit == 3 and gate.cuts == 1
                 extra = asyncio.ensure_future(gate.acquire())
-                await asyncio.sleep(0.05)
+                await _until(lambda: _waiting(gate) == 1, "the call queued behind the cut cap")
                 assert not extra.done()
                 out = slots + [f.result() for f in late]
                 for _ in range(4):  # calls end: 6 -> 2 in flight, the waiter gets a slot
                     gate.release(out.pop())
-                await asyncio.sleep(0.05)
-                assert extra.done() and gate.in_flight == 3
+                await _until(lambda: extra.done(), "the held call's slot")
+                assert gate.in_flight == 3
                 # a cancelled waiter keeps no slot
                 ghost = asyncio.ensure_future(gate.acquire())
-                await asyncio.sleep(0.05)
+                await _until(lambda: _waiting(gate) == 1, "the call queued at the full cap")
                 ghost.cancel()
-                await asyncio.sleep(0.05)
+                with pytest.raises(asyncio.CancelledError):
+                    await ghost
                 gate.release(out.pop())
                 assert gate.in_flight == 2
                 # unknown readings lift the cap (nothing is held on a guess)
@@ -219,7 +229,8 @@ def test_placement_gate_keeps_each_key_on_one_worker_holds_per_worker_and_moves_
     only the keys placed on it; a call that would pass a worker's reserved-token cap waits; a
     worker that refuses connections loses its keys to the others, and the retried call lands there."""
     async def main():
-        (r1, u1), (r2, u2) = await _worker("w0", delay_s=0.5), await _worker("w1", delay_s=0.5)
+        answer = asyncio.Event()  # the workers answer once it is set: the first calls stay out until then
+        (r1, u1), (r2, u2) = await _worker("w0", hold=answer), await _worker("w1", hold=answer)
         runners = {u1: r1, u2: r2}
         async with aiohttp.ClientSession() as s:
             for u in (u1, u2):
@@ -233,27 +244,30 @@ def test_placement_gate_keeps_each_key_on_one_worker_holds_per_worker_and_moves_
 
             try:
                 first = [gen("a1"), gen("a2"), gen("b1"), gen("b2")]
-                await asyncio.sleep(0.2)
+                await _until(lambda: gate.in_flight == 4, "the first four calls placed and sent")
                 third = gen("a3")  # g1's worker has 800 of its 900 tokens reserved: held
-                await asyncio.sleep(0.2)
+                await _until(lambda: _waiting(gate) == 1, "the third call of g1 queued at its worker")
+                held_since = time.monotonic()
                 assert not third.done() and gate.in_flight == 4
-                got = [(await f).meta["worker"] for f in first]
+                released_after = time.monotonic()
+                answer.set()
+                got = [(await asyncio.wait_for(f, 120)).meta["worker"] for f in first]
                 assert got[0] == got[1] and got[2] == got[3] and got[0] != got[2]  # a group on one worker, groups apart
-                assert (await asyncio.wait_for(third, 5.0)).meta["worker"] == got[0]
-                assert client.kv_held_s["a3"] >= 0.2
+                assert (await asyncio.wait_for(third, 120)).meta["worker"] == got[0]
+                assert client.kv_held_s["a3"] >= released_after - held_since > 0
                 g1, g2 = gate.placed["g1"], gate.placed["g2"]
                 assert {g1, g2} == {u1, u2}
                 # g1's worker past the high-water mark: g1's calls wait, g2's go on
                 await _set(s, g1, value=0.95, kv_tokens=1000)
                 await _until(lambda: gate.stats()["per_worker"][g1]["closed"])
                 held, free = gen("a1", 1), gen("b1", 1)
-                assert (await asyncio.wait_for(free, 5.0)).meta["worker"] == got[2]
+                assert (await asyncio.wait_for(free, 120)).meta["worker"] == got[2]
                 assert not held.done() and not gate.closed  # only g1's worker is closed
                 await _set(s, g1, value=0.5, kv_tokens=1000)
-                assert (await asyncio.wait_for(held, 5.0)).meta["worker"] == got[0]
+                assert (await asyncio.wait_for(held, 120)).meta["worker"] == got[0]
                 # g2's worker goes away: the call is refused, g2 moves to the other worker, the retry lands there
                 await runners.pop(g2).cleanup()
-                moved = await asyncio.wait_for(client.generate([1] * 300, 100, rid="b2@1", routing_key="b2"), 10.0)
+                moved = await asyncio.wait_for(client.generate([1] * 300, 100, rid="b2@1", routing_key="b2"), 120)
                 assert moved.meta["worker"] == got[0] and gate.placed["g2"] == g1
                 assert gate.stats()["per_worker"][g2]["down"]
             finally:

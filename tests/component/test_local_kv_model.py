@@ -13,6 +13,7 @@ import time
 import aiohttp
 import pytest
 from support.inprocess import serve
+from support.waits import until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -58,6 +59,10 @@ async def _metrics(s, url) -> dict[str, float]:
     async with s.get(url + "/metrics") as r:
         assert r.status == 200 and r.content_type == "text/plain"
         return {x.name: x.value for x in promtext.parse(await r.text())}
+
+
+async def _metrics_show(s, url, name: str, value: float) -> bool:
+    return (await _metrics(s, url))[name] == value
 
 
 async def test_cached_tokens_and_metrics_hand_computed(tok):
@@ -123,22 +128,24 @@ async def test_kv_budget_queues_and_retracts_under_load(tok):
 
 
 async def test_abort_while_queued_and_prefill_cost(tok):
-    params = KVParams(kv_budget_tokens=100, prefill_s_per_token=0.002, decode_s_per_token=0.01)
+    # the first request holds the budget for its prefill and decode (0.18 s + 2.5 s): long enough
+    # that the second is queued behind it however late the test's loop sends it
+    params = KVParams(kv_budget_tokens=100, prefill_s_per_token=0.002, decode_s_per_token=0.05)
     async with serve(FixedBackend(50), tok, kv=params) as (url, s):
         t0 = time.monotonic()
-        first = asyncio.create_task(_gen(s, url, seq(0, 90)))  # 0.18 s prefill, 0.5 s decode
-        await asyncio.sleep(0.05)
+        first = asyncio.create_task(_gen(s, url, seq(0, 90)))
+        await until(lambda: _metrics_show(s, url, "sglang:num_running_reqs", 1), "the first request admitted")
         body = {"input_ids": seq(5000, 90), "rid": "queued", "sampling_params": {"max_new_tokens": 64}}
         second = asyncio.create_task(s.post(url + "/generate", json=body))
-        await asyncio.sleep(0.1)
-        assert (await _metrics(s, url))["sglang:num_queue_reqs"] == 1
+        await until(lambda: _metrics_show(s, url, "sglang:num_queue_reqs", 1), "the second request queued")
+        assert not first.done()
         async with s.post(url + "/abort_request", json={"rid": "queued"}) as r:
             assert (await r.json())["aborted"] == 1
         resp = await second
         out = await resp.json()
         assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []
         assert (await first)["meta_info"]["completion_tokens"] == 50
-        assert time.monotonic() - t0 >= 0.18 + 0.5 - 0.05
+        assert time.monotonic() - t0 >= 0.18 + 2.5  # the modelled prefill and decode were waited
         m = await _metrics(s, url)
     assert m["sglang:num_queue_reqs"] == 0 and m["rollout_local_prefill_tokens_total"] == 90
 

@@ -15,6 +15,8 @@ import time
 
 import pytest
 from support.inprocess import serve, wait_until
+from support.waits import until
+from support.waits import wait_until as sync_wait_until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -33,7 +35,8 @@ def tok():
 
 class ScriptedBackend:
     """Token ``100 + i % 50`` with log-prob ``-0.01 * (i + 1)`` at step ``i``, each step taking
-    ``delay`` seconds; records every step (by the prompt's first id) and every weight load."""
+    ``delay`` seconds; records every step (by the prompt's first id) and every weight load. A
+    step starts only while ``go`` is set (it is, until a test clears it to hold generation)."""
 
     name = "scripted"
 
@@ -43,10 +46,13 @@ class ScriptedBackend:
         self.events: list[tuple[str, object]] = []
         self.in_step = False
         self.fail_load: Exception | None = None
+        self.go = threading.Event()
+        self.go.set()
 
     def generate(self, input_ids, params: SamplingParams):
         i = 0
         while True:
+            assert self.go.wait(120), "generation held for two minutes"
             self.in_step = True
             time.sleep(self.delay)
             self.events.append(("step", input_ids[0]))
@@ -85,12 +91,20 @@ def gen_body(first_id: int, max_new_tokens: int, **kw) -> dict:
             "sampling_params": {"max_new_tokens": max_new_tokens, **kw}}
 
 
-async def wait_held(session, url, n: int, timeout: float = 30.0) -> None:
+async def wait_held(session, url, n: int) -> None:
     """Wait until the server holds ``n`` requests at its pause gate."""
-    deadline = time.monotonic() + timeout
-    while (await get(session, url, "/get_server_info"))["num_held_requests"] != n:
-        assert time.monotonic() < deadline, f"{n} held requests not reached in time"
-        await asyncio.sleep(0.01)
+    async def held() -> bool:
+        return (await get(session, url, "/get_server_info"))["num_held_requests"] == n
+
+    await until(held, f"{n} held request(s)")
+
+
+async def wait_update(session, url, state: str) -> None:
+    """Wait until the server's weight update is in ``state`` (``"waiting"`` or ``"loading"``)."""
+    async def there() -> bool:
+        return (await get(session, url, "/get_server_info"))["weight_update"] == state
+
+    await until(there, f"the weight update {state}")
 
 
 def check_tokens(out: dict) -> None:
@@ -163,8 +177,7 @@ async def test_requests_sent_while_paused_are_held_until_continue(tok):
         await post(s, url, "/pause_generation", {"mode": "abort"})
         gen = asyncio.create_task(post(s, url, "/generate", gen_body(5, 3)))
         chat = asyncio.create_task(post(s, url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}))
-        await asyncio.sleep(0.3)
-        await wait_held(s, url, 1)  # at once, unless a loaded machine is slow to deliver it
+        await wait_held(s, url, 1)
         assert not gen.done() and not chat.done()
         info = await get(s, url, "/get_server_info")
         assert info["num_held_requests"] == 1 and info["num_backend_steps"] == 0
@@ -253,11 +266,14 @@ async def test_update_while_not_paused_waits_for_in_flight_requests(tok):
     async with serve(backend, tok, weight_version="0") as (url, s):
         first = asyncio.create_task(post(s, url, "/generate", gen_body(1, 15)))
         await wait_until(lambda: backend.steps(1) >= 2)
+        backend.go.clear()  # the first request stays in flight until the update and the later request are in
         update = asyncio.create_task(post(s, url, "/update_weights_from_disk",
                                           {"model_path": "/ckpt/1", "weight_version": "1", "flush_cache": True}))
-        await asyncio.sleep(0.05)
+        await wait_update(s, url, "waiting")  # for the request in flight
         assert not update.done()
         later = asyncio.create_task(post(s, url, "/generate", gen_body(2, 3)))  # waits for the update
+        await wait_held(s, url, 1)
+        backend.go.set()
         up = await asyncio.wait_for(update, 30)
         assert up["success"] is True and up["num_paused_requests"] == 0 and "/ckpt/1" in up["message"]
         a, b = await asyncio.wait_for(asyncio.gather(first, later), 30)
@@ -455,18 +471,17 @@ async def test_tiny_pause_with_64_requests_in_flight_stops_every_step(tok, torch
         async def steps():
             return (await get(s, url, "/get_server_info"))["num_backend_steps"]
 
+        async def past(n: int) -> bool:
+            return await steps() > n
+
         tasks = [asyncio.create_task(post(s, url, "/generate", body)) for _ in range(64)]
-        await asyncio.sleep(1.5)
-        deadline = time.monotonic() + 60  # a loaded machine may not have sampled a token yet
-        while await steps() == 0:
-            assert time.monotonic() < deadline, "no backend step in time"
-            await asyncio.sleep(0.05)
+        await until(lambda: past(0), "a backend step")
         await post(s, url, "/pause_generation", {"mode": "in_place"})
         n = await steps()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window in which nothing may be generated
         assert await steps() == n
         await post(s, url, "/continue_generation")
-        await asyncio.sleep(0.5)
+        await until(lambda: past(n), "generation going on after continue")
         await post(s, url, "/pause_generation", {"mode": "abort"})
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
@@ -501,7 +516,7 @@ def test_rl_endpoints_through_local_stack(tok):
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(call(stack.router_url + "/generate", body)))
         t.start()
-        t.join(0.5)
+        sync_wait_until(lambda: call(worker + "/get_server_info")["num_held_requests"] == 1, "the request held at the paused worker")
         assert t.is_alive() and not result
         up = call(worker + "/update_weights_from_disk", {"model_path": "/ckpt/4", "weight_version": "4"})
         assert up["success"] is True and up["num_paused_requests"] == 1

@@ -260,13 +260,10 @@ async def test_abort_in_flight_request(tok):
     async with serve(backend, tok) as (url, s):
         body = {"input_ids": [1, 2, 3], "rid": "slow-1", "return_logprob": True, "sampling_params": {"max_new_tokens": 100000}}
         task = asyncio.create_task(_generate(s, url, body))
-        await asyncio.sleep(0.3)
-        await wait_until(lambda: backend.steps[1] >= 2)  # at once, unless a loaded machine is slow
-        t0 = time.monotonic()
+        await wait_until(lambda: backend.steps[1] >= 2)
         async with s.post(url + "/abort_request", json={"rid": "slow-1"}) as r:
             assert r.status == 200 and (await r.json())["aborted"] == 1
-        out = await asyncio.wait_for(task, timeout=60)
-        assert time.monotonic() - t0 < 30  # not aborted, it would run 100000 x 0.02 s
+        out = await asyncio.wait_for(task, timeout=120)  # not aborted, it would run 100000 x 0.02 s
         fr = out["meta_info"]["finish_reason"]
         assert fr["type"] == "abort" and isinstance(fr["message"], str)
         assert 0 < len(out["output_ids"]) < 100000
@@ -278,7 +275,6 @@ async def test_abort_in_flight_request(tok):
         backend.closed.clear()
         tasks = [asyncio.create_task(_generate(s, url, {"input_ids": [i], "sampling_params": {"max_new_tokens": 100000}}))
                  for i in (2, 3)]
-        await asyncio.sleep(0.3)
         await wait_until(lambda: backend.steps[2] >= 2 and backend.steps[3] >= 2)
         async with s.post(url + "/abort_request", json={"abort_all": True}) as r:
             assert (await r.json())["aborted"] == 2

@@ -8,11 +8,11 @@ heals; a partition shorter than the timeout only delays the call."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
 from aiohttp import web
+from support.waits import until
 
 from rollout.core.config import load_config
 from rollout.core.policy import SGLangClient
@@ -80,10 +80,11 @@ async def test_a_partition_longer_than_the_timeout_is_met_by_timeouts_and_retrie
         await client.generate([1, 2], 4, rid="warm#0", routing_key="warm")  # through the proxy, before the partition
         open_then = proxy.partition()
         call = asyncio.create_task(client.generate([1, 2], 4, rid="e#0", routing_key="e"))
-        await asyncio.sleep(2.5)
+        # the first attempt timed out (request_timeout_s=1) and its retry's new connection is held too
+        await until(lambda: client.retries >= 1 and proxy.held >= 2, "a timed-out attempt and a held retry")
         assert not call.done() and backend.rids == ["warm#0"]  # nothing crossed
         proxy.heal()
-        gen = await asyncio.wait_for(call, 30)
+        gen = await asyncio.wait_for(call, 120)
     assert gen.ids == IDS and client.retries >= 1  # timed out at least once, retried
     assert open_then >= 1 and proxy.held >= 2  # the pooled connection, and the retries' new ones, held without a reset
     assert any(r.startswith("e#0.r") for r in backend.rids)  # a retry, with a fresh request id, went through
@@ -95,10 +96,9 @@ async def test_a_partition_shorter_than_the_timeout_only_delays_the_call(partiti
         cfg = load_config(None, [f"policy.router_url={proxy.url}", "policy.request_timeout_s=20"])
         client = SGLangClient(cfg.policy, session)
         proxy.partition()
-        t0 = time.monotonic()
         call = asyncio.create_task(client.generate([1, 2], 4, rid="e#0", routing_key="e"))
-        await asyncio.sleep(1.5)
+        await until(lambda: proxy.held >= 1, "the call's connection held by the partition")
+        assert not call.done() and backend.rids == []  # held: nothing crossed
         proxy.heal()
-        gen = await asyncio.wait_for(call, 30)
-        took = time.monotonic() - t0
-    assert gen.ids == IDS and client.retries == 0 and backend.rids == ["e#0"] and took >= 1.5  # held, then through, once
+        gen = await asyncio.wait_for(call, 120)
+    assert gen.ids == IDS and client.retries == 0 and backend.rids == ["e#0"]  # held, then through, once

@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -106,22 +105,19 @@ def test_checks_pass_against_the_local_stack(retail_stack, tokenizer, tmp_path):
     assert out["model_info"]["model_path"] == info["model_path"]
     assert out["user"] == "user ok" and len(seen) == 1
     assert os.path.isdir(tmp_path / "out") and not os.listdir(tmp_path / "out")  # the probe is gone
-    assert out["seconds"] < 10
+    assert isinstance(out["seconds"], float) and out["seconds"] >= 0  # reported; its speed is python -m rollout.bench startup's
 
 
 # --------------------------------------------------------------------------- router failures
 def test_nothing_listening_fails_fast_with_one_line(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
     with pytest.raises(PreflightError) as e:
         check_router(url, None)
-    assert time.monotonic() - t0 < 15
     msg = _one_line(e.value)
-    assert url in msg and "refused" in msg
-    t0 = time.monotonic()
-    with pytest.raises(PreflightError):
+    assert url in msg and "refused" in msg  # the refusal itself, not a timeout waited out
+    with pytest.raises(PreflightError) as e:
         run_preflight(_cfg(tmp_path, url))
-    assert time.monotonic() - t0 < 15
+    assert "refused" in _one_line(e.value)
 
 
 def test_a_router_that_never_answers_fails_within_the_timeout():
@@ -129,11 +125,10 @@ def test_a_router_that_never_answers_fails_within_the_timeout():
         s.bind(("127.0.0.1", 0))
         s.listen(8)
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        t0 = time.monotonic()
         with pytest.raises(PreflightError) as e:
             check_router(url, None, timeout_s=1.0)
-        assert time.monotonic() - t0 < 15
-        assert "timed out" in _one_line(e.value) or "within" in str(e.value)
+        msg = _one_line(e.value)
+        assert "timed out" in msg or "no complete answer within 1 s" in msg  # the check's own bound cut it
 
 
 def test_router_without_healthy_workers_or_model_fails():
@@ -247,10 +242,9 @@ def test_user_check_failure_is_one_line(tmp_path):
     async def slow(user_cfg):
         await asyncio.sleep(30)
 
-    t0 = time.monotonic()
-    with pytest.raises(PreflightError, match="user simulator"):
+    # a check waited out would pass (it returns after 30 s): the error is the 0.5 s bound's
+    with pytest.raises(PreflightError, match="user simulator.*TimeoutError"):
         run_preflight(_cfg(tmp_path, None), check_user=slow, user_timeout_s=0.5)
-    assert time.monotonic() - t0 < 15
 
 
 async def test_run_preflight_inside_a_running_event_loop(tmp_path):

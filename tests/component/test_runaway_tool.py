@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
+import threading
 
 from support.scripted_policy import ScriptedPolicyServer
+from support.waits import wait_until
 
 from rollout.core.config import load_config
 from rollout.core.records import EpisodeSpec, EpisodeStatus
@@ -36,19 +37,17 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
         worker = RolloutWorker(cfg.policy, cfg.env, cfg.logging, max_concurrent_episodes=8)
         worker.sandbox._ensure()  # start the sandbox first, so its start-up is not in the timings
         specs = [EpisodeSpec("runaway", "retail", "0", "g", 0)] + [EpisodeSpec(f"normal-{k}", "retail", str(k), "g", 0) for k in range(3)]
-        t0 = time.monotonic()
         runaway_pid = worker.sandbox.pid
-        try:
+        try:  # (9**9**9**9 runs for ever: the hang guard fails a step timeout that does not fire)
             results = await asyncio.wait_for(asyncio.gather(*[worker.run(s) for s in specs]), timeout=120)
         finally:
             await worker.close()
-        elapsed = time.monotonic() - t0
     runaway, normal = results[0], results[1:]
     assert runaway.status is EpisodeStatus.TOOL_TIMEOUT, runaway.metadata
     assert not runaway.status.is_infrastructure_failure
     assert "killed" in runaway.metadata["error"]
-    # the call that was cut counts in the episode's tool time: the step timeout, not for ever
-    assert STEP_TIMEOUT_S * 0.95 <= runaway.metadata["timings"]["tool_s"] < STEP_TIMEOUT_S + 30
+    # the call that was cut counts in the episode's tool time: at least the step timeout it ran into
+    assert runaway.metadata["timings"]["tool_s"] >= STEP_TIMEOUT_S * 0.95
     assert worker.sandbox.kills == 1
     try:  # the process that ran the expression is gone: the work really stopped
         os.kill(runaway_pid, 0)
@@ -60,7 +59,6 @@ async def test_runaway_calculator_is_killed_and_other_episodes_go_on(tokenizer):
         assert res.status is EpisodeStatus.COMPLETED, res.metadata
         tool_outputs = [m["content"] for m in res.messages if m["role"] == "tool"]
         assert tool_outputs[1] == "5.0"  # the restarted sandbox answers the next calculate call
-    assert elapsed < 90  # about 8 s here (3 s to the kill, then the sandbox restarts: a tau2 import); not for ever
 
 
 def test_sandbox_children_do_not_rerun_the_parents_main_script(tmp_path):
@@ -117,13 +115,20 @@ def test_a_sandbox_outlives_the_thread_that_started_it():
 
     sb = ToolSandbox("retail", evaluator=False)
 
+    starter: list[int] = []
+
+    def call(expression):
+        starter.append(threading.get_native_id())
+        return sb.call("calculate", {"expression": expression}, 60.0)
+
     async def calc(expression):
-        return await asyncio.get_running_loop().run_in_executor(None, sb.call, "calculate", {"expression": expression}, 60.0)
+        return await asyncio.get_running_loop().run_in_executor(None, call, expression)
 
     try:
         assert asyncio.run(calc("2+3")) == ("5.0", False)  # started from an executor thread, which has now ended
         pid = sb.pid
-        time.sleep(1.0)  # a SIGKILL from PDEATHSIG would have landed by now
+        # the kernel sends PDEATHSIG as that thread exits: once it is gone, a signal would have been sent
+        wait_until(lambda: not os.path.exists(f"/proc/self/task/{starter[0]}"), "the starting thread to exit")
         assert sb._proc.is_alive(), sb._proc.exitcode
         assert asyncio.run(calc("4*5")) == ("20.0", False)
         assert sb.pid == pid and sb.kills == 0

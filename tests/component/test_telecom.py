@@ -210,10 +210,11 @@ async def test_a_user_tool_that_hangs_is_cut_at_the_step_timeout_and_the_loop_ru
     name = gold_segments(task)[0][1][0][0]
     env = Tau2Environment(telecom, ScriptedUser(task), EnvConfig(domain="telecom", step_timeout_s=0.5))
     await env.reset(tid)
-    release = threading.Event()
+    release, returned = threading.Event(), threading.Event()
 
     def hang(**kwargs):  # a user tool stuck in environment code
         release.wait(60)
+        returned.set()
         return "too late"
 
     setattr(env._env.user_tools, name, hang)
@@ -232,11 +233,12 @@ async def test_a_user_tool_that_hangs_is_cut_at_the_step_timeout_and_the_loop_ru
         with pytest.raises(EnvironmentStepError, match=rf"user tool '{name}' ran longer than 0.5s"):
             await env.step(Action(RESPOND, content="Please check your phone."))
         elapsed = time.monotonic() - t0
+        assert not returned.is_set()  # cut while the tool still hung, not waited out (60 s)
     finally:
         release.set()
         tick_task.cancel()
-    assert 0.45 <= elapsed < 20  # cut at 0.5 s, not waited out (60 s)
-    assert ticks >= 5  # the event loop kept running while the tool hung (a blocked one: 0-1)
+    assert elapsed >= 0.45  # cut at 0.5 s, not before
+    assert ticks >= 2  # the event loop kept running while the tool hung (a blocked one: 0-1)
     assert [m.role for m in env.messages[n_messages:]] == ["assistant"]  # the hung call is not recorded
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import email.utils
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -156,17 +157,19 @@ async def test_429_then_ok_waits_for_retry_after(task, key):
     # CI-equivalent under the suite's load took 44 s for the whole start() (where those went was
     # not measured; the prompt, the first call's set-up and the answer's parsing were in it)
     gap = srv.chat_arrivals[1] - srv.chat_arrivals[0]
-    assert 0.9 <= gap < 15.0, gap
+    assert gap >= 0.9, gap
 
 
-async def test_retry_after_is_capped_by_max_retry_wait(task, key):
+async def test_retry_after_is_capped_by_max_retry_wait(task, key, caplog):
     async with FakeOpenAI(["429:120"]) as srv:
         user = LLMUser(task, _cfg(srv.url, max_retry_wait_s=0.3))
-        t0 = time.monotonic()
-        await user.start()
-        elapsed = time.monotonic() - t0
+        with caplog.at_level(logging.WARNING, logger="rollout.benchmarks.tau2.user"):
+            # a Retry-After of 120 s honoured in full runs into this hang guard
+            await asyncio.wait_for(user.start(), 60)
     assert srv.chat_calls == 2
-    assert 0.25 <= elapsed < 15.0
+    # the wait the client chose is the cap, not the header's 120 s; and it did wait it
+    assert [r.getMessage().rsplit(" in ", 1)[1] for r in caplog.records if "retry 1/" in r.getMessage()] == ["0.30s"]
+    assert srv.chat_arrivals[1] - srv.chat_arrivals[0] >= 0.25
 
 
 def test_retry_after_parsing():
@@ -220,12 +223,10 @@ async def test_malformed_answer_fails_at_once(task, key, action):
 async def test_timeouts_and_dropped_connections_are_retried(task, key):
     async with FakeOpenAI(["hang", "drop", "hang"]) as srv:
         user = LLMUser(task, _cfg(srv.url, timeout_s=0.5))
-        t0 = time.monotonic()
         text = await user.start()
-        elapsed = time.monotonic() - t0
     assert text.startswith("user reply")
-    assert srv.chat_calls == 4
-    assert elapsed < 20.0  # two 0.5 s timeouts, small waits
+    # each hang was cut by the 0.5 s timeout and retried (a hang waited out answers after 60 s: 1 call)
+    assert srv.chat_calls == 4 and user.retries == 3
 
 
 async def test_persistent_timeout_fails(task, key):
@@ -301,10 +302,8 @@ async def test_check_missing_key_is_one_line_naming_the_variable(monkeypatch):
 
 async def test_check_dead_endpoint_fails_within_seconds(key):
     url = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
-    t0 = time.monotonic()
     with pytest.raises(UserSimulatorError, match="does not answer") as ei:
-        await check_user_simulator(_cfg(url), timeout_s=2.0)
-    assert time.monotonic() - t0 < 15.0
+        await asyncio.wait_for(check_user_simulator(_cfg(url), timeout_s=2.0), 120)
     assert "\n" not in str(ei.value) and SECRET not in str(ei.value)
 
 
@@ -324,10 +323,9 @@ async def test_check_hanging_endpoint_fails_within_the_timeout(key):
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     try:
-        t0 = time.monotonic()
-        with pytest.raises(UserSimulatorError, match="no answer within 1s"):
+        with pytest.raises(UserSimulatorError, match="no answer within 1s"):  # the check's bound, not the 60 s hang
             await check_user_simulator(_cfg(f"http://127.0.0.1:{port}/v1"), timeout_s=1.0)
-        assert time.monotonic() - t0 < 15.0
+        assert started.is_set()
     finally:
         await runner.cleanup()
 
@@ -401,9 +399,14 @@ async def test_a_slow_first_import_is_not_held_to_the_per_call_timeout(task, key
 
     real = user_mod._import_litellm
     delay = {"s": 0.8}
+    release, stuck_load_returned = threading.Event(), threading.Event()
 
     def slow_import():
-        time.sleep(delay["s"])
+        if delay["s"] is None:  # a load that hangs until the test lets it go
+            release.wait(60)
+            stuck_load_returned.set()
+        else:
+            time.sleep(delay["s"])
         return real()
 
     monkeypatch.setattr(user_mod, "_LITELLM", None)  # as in a fresh process
@@ -414,10 +417,11 @@ async def test_a_slow_first_import_is_not_held_to_the_per_call_timeout(task, key
 
         monkeypatch.setattr(user_mod, "_LITELLM", None)
         monkeypatch.setattr(user_mod, "LOAD_TIMEOUT_S", 0.5)
-        delay["s"] = 8.0
-        t0 = time.monotonic()
-        with pytest.raises(UserSimulatorError, match=r"litellm took over 0.5s"):
-            await LLMUser(task, _cfg(srv.url, timeout_s=0.3)).start()
-        # cut at the 0.5 s load bound, not the 8 s load waited out; the margin is wide because a
-        # loaded CI runner once took 2.8 s from here to the error
-        assert time.monotonic() - t0 < 5.0
+        delay["s"] = None
+        try:
+            with pytest.raises(UserSimulatorError, match=r"litellm took over 0.5s"):
+                await LLMUser(task, _cfg(srv.url, timeout_s=0.3)).start()
+            # cut at the 0.5 s load bound while the load still hung, not waited out
+            assert not stuck_load_returned.is_set()
+        finally:
+            release.set()

@@ -11,6 +11,8 @@ import time
 
 import pytest
 from support.inprocess import serve
+from support.retries import Attempts
+from support.waits import until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -66,36 +68,33 @@ async def test_concurrent_generate_calls_wait_the_latency_together(tok):
             return out, time.monotonic() - t0
 
         answers = await asyncio.gather(*[one(i) for i in range(n)])
-        wall = time.monotonic() - t0
     assert all(out["output_ids"] == [100, 101, 102] for out, _ in answers)
     assert all(out["meta_info"]["finish_reason"] == {"type": "length", "length": 3} for out, _ in answers)
-    assert min(t for _, t in answers) >= latency * 0.95, "every call waits the injected latency"
-    assert wall < n / 2 * latency, f"{n} calls took {wall:.2f}s: they waited one after another, not together"
+    times = sorted(t for _, t in answers)
+    assert times[0] >= latency * 0.95, "every call waits the injected latency"
+    # waited one after another, the last answer would come (n - 1) latencies after the first,
+    # however fast the machine; together, they come about at once (the rate: python -m rollout.bench pool)
+    assert times[-1] - times[0] < (n - 1) * latency, f"answers {times[0]:.2f}..{times[-1]:.2f}s: they waited one after another"
 
 
 async def test_zero_latency_changes_nothing(tok):
     async with serve(CountingBackend(), tok) as (url, s):
         plain = await _post(s, url, "/generate", _body("same", 5))
     async with serve(CountingBackend(), tok, generate_latency_s=0.0) as (url, s):
-        t0 = time.monotonic()
         zero = await _post(s, url, "/generate", _body("same", 5))
-        took = time.monotonic() - t0
     assert zero == plain
-    assert took < 0.5
 
 
 async def test_abort_during_the_latency_answers_at_once(tok):
-    async with serve(CountingBackend(), tok, generate_latency_s=60.0) as (url, s):
-        t0 = time.monotonic()
+    async with serve(CountingBackend(), tok, generate_latency_s=3600.0) as (url, s):
         call = asyncio.ensure_future(_post(s, url, "/generate", _body("slow")))
-        await asyncio.sleep(0.2)
-        deadline = time.monotonic() + 30  # it has arrived by now, unless a loaded machine is slow
-        while (await _get(s, url, "/get_server_info"))["num_inflight_requests"] != 1:
-            assert time.monotonic() < deadline, "the request did not arrive"
-            await asyncio.sleep(0.01)
+
+        async def arrived() -> bool:
+            return (await _get(s, url, "/get_server_info"))["num_inflight_requests"] == 1
+
+        await until(arrived, "the request to arrive")
         assert (await _post(s, url, "/abort_request", {"rid": "slow"}))["aborted"] == 1
-        out = await call
-    assert time.monotonic() - t0 < 20  # not the 60 s latency
+        out = await asyncio.wait_for(call, 120)  # answered during the hour's latency, not after it
     assert out["meta_info"]["finish_reason"]["type"] == "abort"
     assert out["output_ids"] == []
 
@@ -121,12 +120,12 @@ async def test_loop_lag_probe_sees_a_blocked_loop():
     worker.lag_probe = LoopLagProbe(interval_s=0.005)
     first = await worker.loop_lag()  # starts the probe
     assert first["samples"] == 0 and first["p99_ms"] is None and first["pid"] == os.getpid()
-    await asyncio.sleep(0.3)
+    await until(lambda: worker.lag_probe.stats()["samples"] >= 5, "five lag samples")
     calm = await worker.loop_lag(reset=True)
-    assert calm["samples"] >= 5  # 60 on a quiet machine; a loaded one wakes the probe late
-    assert calm["p50_ms"] < 50, calm  # generous: the machine may be busy
+    assert calm["samples"] >= 5
+    assert calm["p50_ms"] < 250, calm  # the calm loop's median sample saw no block like the one below
     time.sleep(0.25)  # block the event loop
-    await asyncio.sleep(0.1)
+    await until(lambda: worker.lag_probe.stats()["samples"] >= 1, "the sample that spanned the block")
     blocked = await worker.loop_lag(reset=True)
     assert blocked["max_ms"] >= 200, blocked
     assert blocked["samples"] < calm["samples"]  # the calm samples were forgotten
@@ -163,16 +162,22 @@ async def test_loop_lag_probe_tells_the_loop_s_own_cpu_from_waiting_for_a_core()
     try:
         # (other tests on this core can take it: at a load of 40 on 2 cores a 0.5 s spin once had a CPU
         # share of 0.05, waiting the rest; the spin is tried again, at most 5 times, until it gets the core)
-        for _ in range(5):
+        tries = Attempts(5, "the spinning loop thread gets its core")
+        for _ in tries:
             spin(0.5)
             await asyncio.sleep(0.02)
             busy = probe.stats(reset=True)
-            if busy["loop_cpu_share"] > asleep["loop_cpu_share"] + 0.1:
-                break
-        # and with two processes spinning on the same core it mostly waits for it
-        hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+            assert busy["loop_cpu_share"] + busy["loop_wait_share"] > 0.7, busy  # spinning: on the core or waiting for it
+            if busy["loop_cpu_share"] <= asleep["loop_cpu_share"] + 0.1:
+                tries.not_met(f"CPU share {busy['loop_cpu_share']} while spinning")
+                continue
+            break
+        # and with two processes spinning on the same core it mostly waits for it (each says when it spins)
+        hogs = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); print('spinning', flush=True)\nwhile True: pass"],
+                                 stdout=subprocess.PIPE, text=True)
                 for _ in range(2)]
-        time.sleep(0.3)  # their start-up
+        for h in hogs:
+            assert h.stdout.readline().strip() == "spinning"
         probe.stats(reset=True)
         spin(1.0)
         await asyncio.sleep(0.02)

@@ -104,7 +104,8 @@ def test_a_step_over_samples_around_a_straggler_worker(ray_cluster, behind_proxy
         excluded = list(pool.excluded())
     finally:
         pool.shutdown()
-    assert len(groups) == 2 and took < 60, f"the step took {took:.0f} s"  # it did not wait for the straggler's episodes
+    # it did not wait for the straggler's episodes: any of them would have taken the 120 s delay
+    assert len(groups) == 2 and took < 120, f"the step took {took:.0f} s"
     assert proxy.counts["generate_delayed"] >= 1  # the straggler did get episodes: they were the surplus
     statuses = collections.Counter(ex.sample.status for ex in excluded)
     assert statuses.get("cancelled", 0) >= 1 and set(statuses) <= {"cancelled", "completed"}
@@ -119,13 +120,13 @@ def test_an_episode_stuck_on_a_straggler_ends_timeout_at_the_episode_timeout(ray
         with proxied_router([proxy.url], tmp_path / "router.log") as router:  # the straggler alone: nothing to sample around
             pool = RolloutPool(_cfg(router, "pool.episode_timeout_s=4")).start()
             try:
-                t0 = time.monotonic()
                 specs = pool.submit_tasks(retail.task_ids("base")[:2])
                 results = list(pool.results(timeout_s=120))
-                took = time.monotonic() - t0
             finally:
                 pool.shutdown()
     finally:
         proxy.stop()
     assert sorted(r.spec.episode_id for r in results) == sorted(s.episode_id for s in specs)
-    assert {r.status for r in results} == {EpisodeStatus.TIMEOUT} and took < 60
+    # ended by pool.episode_timeout_s (4 s): the straggler's 120 s delay would have let them complete
+    assert {r.status for r in results} == {EpisodeStatus.TIMEOUT}
+    assert all(r.metadata["termination_reason"] == "episode_timeout" for r in results), [r.metadata for r in results]

@@ -4,7 +4,6 @@ no healthy actor at all, an interrupt, and a journaled run resumed by a new pool
 from __future__ import annotations
 
 import collections
-import time
 
 import pytest
 from support.raypool import pool_config as _cfg
@@ -55,15 +54,14 @@ def test_no_healthy_actor_ends_the_stream_with_every_undelivered_episode(ray_clu
         specs = pool.submit_tasks(retail.task_ids("base")[:6])
         _wait(lambda: _running(pool) >= 2, "episodes running")
         ray.kill(pool.actors[0], no_restart=True)  # gone for good
-        t0 = time.monotonic()
         delivered = []
+        # the stream gives up on pool.no_actor_timeout_s (the message names it); a stream that
+        # waited on would run into the test's own timeout
         with pytest.raises(NoHealthyActorError, match="no rollout actor was healthy for 3s") as e:
             for r in pool.results():
                 delivered.append(r.spec.episode_id)
-        took = time.monotonic() - t0
     finally:
         pool.shutdown()
-    assert took < 60, f"the stream took {took:.0f}s to give up"
     undelivered = [s.episode_id for s in e.value.undelivered]
     assert sorted(delivered + undelivered) == sorted(s.episode_id for s in specs), "each episode delivered or handed back, once"
     assert all(s.attempt == 0 for s in e.value.undelivered)

@@ -56,7 +56,10 @@ def test_a_handlers_exception_in_a_ray_wait_comes_out_as_itself(ray_cluster):
         time.sleep(s)
         return s
 
-    ref = sleeper.remote(120.0)
+    def pending() -> bool:
+        return not ray.wait([ref], timeout=0)[0]
+
+    ref = sleeper.remote(240.0)  # still running when every wait below has ended (each waits at most 3 s... 240 s)
     try:
         t0 = time.monotonic()
         with pytest.raises(SystemError) as raw, _alarm_in(0.5):
@@ -64,15 +67,16 @@ def test_a_handlers_exception_in_a_ray_wait_comes_out_as_itself(ray_cluster):
         assert time.monotonic() - t0 >= 2.5  # not before the call returned
         assert isinstance(raw.value.__cause__, _Alarm)
         assert raycalls.raised_by_signal_handler(raw.value) is raw.value.__cause__
-        for call in (lambda: raycalls.get(ref), lambda: raycalls.get([ref], timeout=100), lambda: raycalls.wait([ref], timeout=100)):
-            t0 = time.monotonic()
+        for call in (lambda: raycalls.get(ref), lambda: raycalls.get([ref], timeout=1000), lambda: raycalls.wait([ref], timeout=1000)):
             with pytest.raises(_Alarm), _alarm_in(0.5):
                 call()
-            assert time.monotonic() - t0 < 0.5 + raycalls.SLICE_S + 5  # 5 s: a loaded runner's margin
+            # it came out during the wait (which would end only with the 240 s task or the 1000 s
+            # timeout), not at its end: the awaited task is still running
+            assert pending()
         t0 = time.monotonic()
         with pytest.raises(GetTimeoutError):
             raycalls.get(ref, timeout=1.5)
-        assert 1.4 <= time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 >= 1.4 and pending()  # ray.get's timeout kept, not waited past
         assert raycalls.wait([ref], timeout=0.2) == ([], [ref])
         assert raycalls.get(sleeper.remote(0.0), timeout=60) == 0.0
     finally:
@@ -92,13 +96,12 @@ def test_a_handlers_exception_stops_the_trainer_apis_wait_for_results(ray_cluste
     try:
         ray.get(pool.actors[0].pause_generation.remote(), timeout=30)  # the episodes wait at their first call
         pool.submit_tasks(retail.task_ids("base")[:2])
-        t0 = time.monotonic()
+        # the episodes are held for good: a wait that went on after the handler's exception
+        # would end only in the results' TimeoutError (120 s), not in _Alarm
         with pytest.raises(_Alarm), _alarm_in(2.0):
             list(pool.results(timeout_s=120))
-        took = time.monotonic() - t0
     finally:
         pool.shutdown()
-    assert took < 30, f"the handler's exception came out after {took:.0f} s"
 
 
 def test_sigint_while_the_actors_start_is_interrupted_not_a_system_error(ray_cluster, retail_stack):

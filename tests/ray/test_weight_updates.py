@@ -15,6 +15,7 @@ import time
 import urllib.request
 
 import pytest
+from support.waits import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.torch]
 torch = pytest.importorskip("torch")
@@ -64,23 +65,19 @@ def _running(pool) -> int:
 
 
 def _wait(cond, timeout_s: float = 120.0, what: str = "") -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait_until(cond, what, timeout_s, interval_s=0.1)
 
 
-def _settled(read, still_s: float = 0.3, timeout_s: float = 10.0) -> int:
-    """``read()`` once it has returned the same value for ``still_s`` seconds (polled every 0.05 s)."""
-    t0 = time.monotonic()
-    value, since = read(), time.monotonic()
-    while time.monotonic() - since < still_s:
-        assert time.monotonic() - t0 < timeout_s, "the value never settled"
-        time.sleep(0.05)
-        now = read()
-        if now != value:
-            value, since = now, time.monotonic()
-    return value
+def _held_at_the_gate(pool) -> int:
+    """The running episodes, once every one of them waits at its actor's closed gate (the pool
+    paused: none can generate or end until it resumes); an episode that was between two calls
+    (its tool step) when the pause came goes on until its next call, or ends."""
+    def all_held() -> bool:
+        infos = pool.worker_infos()
+        return sum(i["running"] for i in infos) == sum(i["gate_waiting"] for i in infos)
+
+    wait_until(all_held, "every running episode held at the closed gate")
+    return _running(pool)
 
 
 def _max_logprob_diff(results, models, temperature: float, limit: int = 4) -> tuple[float, float, int]:
@@ -139,9 +136,9 @@ def test_pause_resume_and_update_with_64_episodes_in_flight(ray_cluster, tiny_st
             # pause: nothing is generated and no episode ends while paused; resume: they go on
             pool.pause("abort")
             # an episode whose answer arrived just before the pause still takes its tool step and
-            # may end (env.max_steps=1; one CI run saw 64 -> 63): wait until the count is still,
-            # then for 0.5 s nothing may be generated and no episode may end
-            held = _settled(lambda: _running(pool))
+            # may end (env.max_steps=1; one CI run saw 64 -> 63): once every running episode waits
+            # at the gate, for 0.5 s nothing may be generated and no episode may end
+            held = _held_at_the_gate(pool)
             steps = _steps(tiny_stack)
             time.sleep(0.5)
             assert _steps(tiny_stack) == steps and _running(pool) == held > 0
@@ -210,7 +207,8 @@ def test_a_failed_update_names_the_workers_and_keeps_generation_paused(ray_clust
         assert pool.paused == "abort" and pool.weight_version == int(before)
         assert {_info(u)["pause_mode"] for u in tiny_stack.worker_urls} == {"abort"}
         assert {_info(u)["weight_version"] for u in tiny_stack.worker_urls} == {before}
-        held, steps = _running(pool), _steps(tiny_stack)
+        held = _held_at_the_gate(pool)
+        steps = _steps(tiny_stack)
         time.sleep(0.5)
         assert _steps(tiny_stack) == steps and _running(pool) == held > 0  # held, not ended
         pool.resume()

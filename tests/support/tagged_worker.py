@@ -30,9 +30,10 @@ from aiohttp import web
 ROUTING_HEADER = "X-SMG-Routing-Key"
 
 
-def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Application:
+def make_app(name: str, model_path: str, delay_s: float = 0.0, hold: asyncio.Event | None = None) -> web.Application:
     """The worker's aiohttp application (see the module docstring); each ``/generate`` waits
-    ``delay_s`` seconds (an asyncio sleep) before it answers, so that calls overlap."""
+    ``delay_s`` seconds (an asyncio sleep) before it answers, so that calls overlap, and, in
+    process, for ``hold`` to be set (``None``: no wait), so that a test decides when calls end."""
     state = {"usage": 0.0, "fail": False, "healthy": True, "calls": 0, "by_key": collections.Counter(), "retractions": None, "kv_tokens": None}
 
     async def generate(request: web.Request) -> web.Response:
@@ -41,6 +42,8 @@ def make_app(name: str, model_path: str, delay_s: float = 0.0) -> web.Applicatio
         state["calls"] += 1
         state["by_key"][key or ""] += 1
         ids = body.get("input_ids") or [0]
+        if hold is not None:
+            await hold.wait()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         return web.json_response({

@@ -83,41 +83,50 @@ async def test_a_run_aborted_no_caller_saw_is_raised_by_the_next_call():
 
 async def test_async_slices_free_the_lock_for_other_calls_and_time_out_without_progress():
     """An async stream waiting for an episode holds the lock one slice at a time: a sync call from
-    another thread gets in between, never during a slice; timeout_s counts time without progress."""
+    another thread gets in between two slices, never during one; timeout_s counts time without
+    progress.
+
+    Each slice reports progress until the call got in, so the stream cannot time out before it:
+    a lock held across slices would keep the call out for ever (the hang guard says so), however
+    fast or slow the machine."""
     spans: list[tuple[str, float, float]] = []
+    asked: list[float] = []  # the timeout_s of each slice
+    call_done, first_slice = threading.Event(), threading.Event()
+    state = {"delivered": 0}
 
     def ensure(timeout_s):  # nothing ever arrives: each slice waits its time, then times out
+        asked.append(timeout_s)
+        first_slice.set()
         t0 = time.monotonic()
         time.sleep(timeout_s)
-        spans.append(("slice", t0, time.monotonic()))
+        if not call_done.is_set():
+            state["delivered"] += 1  # progress (another stream's episode): the timeout starts again
+        spans.append(("slice" if call_done.is_set() else "slice+progress", t0, time.monotonic()))
         raise TimeoutError("slice")
 
-    runner = StepRunner(progress=lambda: 0)
+    runner = StepRunner(progress=lambda: state["delivered"])
 
     def work():  # a sync call's work, under the lock
         t_in = time.monotonic()
         time.sleep(0.05)
         spans.append(("call", t_in, time.monotonic()))
+        call_done.set()
 
-    def other_call() -> float:
-        t0 = time.monotonic()
-        runner.call(work)
-        return time.monotonic() - t0
-
-    t0 = time.monotonic()
     consumer = asyncio.create_task(runner.next_async(ensure, lambda: None, 1.2))
-    await asyncio.sleep(0.1)
-    waited = await asyncio.to_thread(other_call)
+    assert await asyncio.to_thread(first_slice.wait, 120), "the stream's first slice never started"
+    await asyncio.wait_for(asyncio.to_thread(runner.call, work), 120)  # a lock held across slices: this hangs
     with pytest.raises(TimeoutError, match="no episode finished within 1.2s"):
-        await consumer
-    took = time.monotonic() - t0
-    assert 1.2 <= took < 1.2 + 4 * SLICE_S
+        await asyncio.wait_for(consumer, 120)
+    timed_out_at = time.monotonic()
     (call,) = [s for s in spans if s[0] == "call"]
-    slices = [s for s in spans if s[0] == "slice"]
-    assert len(slices) >= 3  # 1.2 s in slices of at most SLICE_S
-    # the call waited about one slice for the lock at most, and ran between two slices, never inside one
-    assert waited < 3 * SLICE_S
+    slices = [s for s in spans if s[0] != "call"]
+    # the call ran between two slices, never inside one, and the stream went on waiting after it
     assert not any(a < call[2] and call[1] < b for _, a, b in slices)
+    assert any(a >= call[2] for _, a, _ in slices)
+    # every slice held the lock for at most SLICE_S; the stream gave up timeout_s after the last progress, not sooner
+    assert asked and all(0 <= t <= SLICE_S for t in asked)
+    last_progress = max(b for kind, _, b in slices if kind == "slice+progress")
+    assert timed_out_at - last_progress >= 1.2
 
 
 async def test_progress_in_a_slice_restarts_the_timeout():

@@ -4,6 +4,7 @@ the outage's length."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from rollout.core.policy import BackendBreaker, GenerationGate
@@ -38,7 +39,12 @@ async def test_the_gate_counts_closes_and_lets_calls_go_when_open():
     gate.close()
     gate.close()  # idempotent: one update, one epoch
     assert gate.closed and gate.epoch == 1
+    held = asyncio.ensure_future(gate.wait_open())
+    await asyncio.sleep(0)  # one loop step: the call is at the gate
+    assert gate.waiting == 1 and not held.done()
     gate.open()
+    await held
+    assert gate.waiting == 0
     await gate.wait_open()
     gate.close()
     assert gate.epoch == 2

@@ -153,10 +153,23 @@ def test_prepare_gives_the_environment_and_settings_the_loop_runs_with(chat, set
     assert r.status is EpisodeStatus.POLICY_ERROR and policy.calls == 1
 
 
+class Entered(Opening):
+    """An :class:`Opening` that sets ``entered`` once its reset is under way (then waits ``delay_s``)."""
+
+    def __init__(self, delay_s: float = 0.0):
+        super().__init__(delay_s)
+        self.entered = asyncio.Event()
+
+    async def reset(self, task_id: str):
+        self.entered.set()
+        return await super().reset(task_id)
+
+
 def test_cancelling_the_episode_is_never_swallowed(chat, settings):
     async def main():
-        task = asyncio.ensure_future(run_guarded_episode(SPEC, lambda: Opening(delay_s=5), FailingPolicy(), chat, settings, timeout_s=None))
-        await asyncio.sleep(0.05)
+        env = Entered(delay_s=60)
+        task = asyncio.ensure_future(run_guarded_episode(SPEC, lambda: env, FailingPolicy(), chat, settings, timeout_s=None))
+        await asyncio.wait_for(env.entered.wait(), 120)  # the cancellation lands inside the episode, not before it starts
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.waits import until
 
 from rollout.core.config import load_config
 from rollout.core.environment import Action, StepResult, ToolTimeoutError, UserSimulatorError
@@ -247,7 +248,7 @@ def test_the_lag_probe_hands_each_sample_to_its_callback():
     async def go():
         probe = LoopLagProbe(interval_s=0.01, max_samples=1, on_sample=seen.append)
         probe.start()
-        await asyncio.sleep(0.2)
+        await until(lambda: len(seen) >= 5, "five lag samples")
         probe.stop()
         return probe.stats()
 

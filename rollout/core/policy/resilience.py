@@ -26,12 +26,14 @@ class GenerationGate:
 
     Attributes:
         epoch: incremented at every close (an attempt compares it before and after).
+        waiting: calls waiting at the closed gate now.
     """
 
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
         self.epoch = 0  # incremented at every close
+        self.waiting = 0
 
     @property
     def closed(self) -> bool:
@@ -49,8 +51,14 @@ class GenerationGate:
         self._open.set()
 
     async def wait_open(self) -> None:
-        """Return once the gate is open (at once if it is)."""
-        await self._open.wait()
+        """Return once the gate is open (at once if it is); counted in :attr:`waiting` meanwhile."""
+        if self._open.is_set():
+            return
+        self.waiting += 1
+        try:
+            await self._open.wait()
+        finally:
+            self.waiting -= 1
 
 
 class BackendBreaker:

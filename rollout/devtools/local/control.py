@@ -201,6 +201,14 @@ class GenerationControl:
         self._readers -= 1
         self._waiters.notify()
 
+    @property
+    def weight_update(self) -> str | None:
+        """``"loading"`` while a weight update holds the model-update lock, ``"waiting"`` while
+        one waits for the requests in flight, else None."""
+        if self._writer_active:
+            return "loading"
+        return "waiting" if self._writers_waiting else None
+
     async def acquire_write(self) -> None:
         """Take the model-update lock: new requests wait from now on; returns once every
         admitted request has answered."""

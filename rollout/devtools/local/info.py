@@ -110,6 +110,7 @@ class InfoEndpoints:
             "num_inflight_requests": len(states),
             "num_held_requests": sum(1 for s in states if not s.admitted and not s.aborted),
             "num_paused_requests": control.num_paused_requests(),
+            "weight_update": control.weight_update,
             "internal_states": [{}],
         })
 

@@ -20,7 +20,8 @@ real ``sglang-router`` (see :mod:`rollout.devtools.local.stack`) and serves:
   SGLang does not report, for :func:`rollout.app.preflight.check_tokenizer`), ``GET /get_server_info`` (= ``/server_info``: also
   ``weight_version``, ``pause_mode`` (null when not paused), ``num_backend_steps`` (tokens
   sampled for /generate since start, a monotonically increasing counter), held / paused /
-  in-flight request counts), ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
+  in-flight request counts, ``weight_update``: ``"waiting"`` (for the requests in flight),
+  ``"loading"`` or null), ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming,
   answered by ``backend.chat``), ``POST /flush_cache`` (empties the prefix cache).
 * ``GET /metrics``: Prometheus text, SGLang's metric names where SGLang has them
   (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
