@@ -111,23 +111,13 @@ def _policy_records(caplog, level: int) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "rollout.core.policy.client" and r.levelno == level]
 
 
-def _excused(caplog, prefix: str) -> int:
-    """First attempts (rid ``<prefix>...#0``) whose failure the client judged part of the outage
-    (its DEBUG line; caplog must capture the client's DEBUG records). A call's failure is judged
-    one ordinary back-off after it happened; a backend back before that judgement makes it an
-    isolated failure, which spends a retry, so these tests end an outage only once every call's
-    first failure was judged."""
-    return sum(1 for r in _policy_records(caplog, logging.DEBUG)
-               if "failed during a backend outage" in r.getMessage() and r.args[0].startswith(prefix) and r.args[0].endswith("#0"))
-
-
 # --------------------------------------------------------------------------- outages
 @pytest.mark.parametrize("how", ["port_closed", "503"])
 async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
     """16 calls start while the backend is down for everyone; it comes back once the breaker has
-    opened (503: and two probes have gone out); all 16 succeed with max_request_retries=1, none
-    spent a retry, one outage is reported and logged once, and while it lasted one probe at a
-    time went out."""
+    opened (503: and three probes have gone out), whether or not every call's failure has been
+    judged by then; all 16 succeed with max_request_retries=1, none spent a retry, one outage is
+    reported and logged once, and while it lasted one probe at a time went out."""
     caplog.set_level(logging.DEBUG, logger="rollout.core.policy.client")
     backend = await FakeBackend().start()
     try:
@@ -139,8 +129,8 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
             else:
                 backend.rule = lambda key, rid: 503
             calls = [asyncio.create_task(client.generate([1, 2], 4, rid=f"e{i}#0", routing_key=f"e{i}")) for i in range(16)]
-            await until(lambda: client.breaker.is_open and _excused(caplog, "e") == 16, "every call's failure judged part of the outage")
-            if how == "503":  # the 16 first attempts failed, then three probes (one at a time) failed too
+            await until(lambda: client.breaker.is_open, "the breaker to open")
+            if how == "503":  # three probes (one at a time) failed too
                 await until(lambda: backend.statuses.count(503) >= 16 + 3, "three probes of the open breaker")
                 probes = [t for rid, t in backend.arrived if ".r" in rid]  # all answered 503 (the rule has not changed)
             assert not any(c.done() for c in calls)
@@ -166,11 +156,79 @@ async def test_an_outage_for_every_call_costs_no_retries(how, caplog):
         await backend.stop()
 
 
-async def test_the_client_records_its_calls_retries_failures_and_outages(caplog):
+class _HeldJudgements:
+    """Holds the client's judgement of its first failures until the test lets each one go.
+
+    The client judges a transport-level failure after sleeping one ordinary back-off
+    (``_retry_delay``); here the n-th such back-off is the marker ``n`` (1, 2, ...) and the
+    client module's ``asyncio.sleep`` waits for ``release(n)`` on a marker instead of sleeping.
+    Every other sleep (the breaker's probe back-off, aiohttp's) is the real one.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, client: SGLangClient):
+        import rollout.core.policy.client as client_module
+
+        self.held: set[int] = set()
+        self._go: dict[int, asyncio.Event] = {}
+        markers = iter(range(1, 100))
+        monkeypatch.setattr(client, "_retry_delay", lambda n: next(markers))
+        real_sleep = asyncio.sleep
+
+        async def sleep(delay: float, *args):
+            if isinstance(delay, int) and not isinstance(delay, bool):
+                self.held.add(delay)
+                await self._go.setdefault(delay, asyncio.Event()).wait()
+                return args[0] if args else None
+            return await real_sleep(delay, *args)
+
+        class _Asyncio:
+            def __getattr__(self, name: str):
+                return sleep if name == "sleep" else getattr(asyncio, name)
+
+        monkeypatch.setattr(client_module, "asyncio", _Asyncio())
+
+    def release(self, n: int) -> None:
+        self._go.setdefault(n, asyncio.Event()).set()
+
+
+@pytest.mark.parametrize("order", ["inside", "just_before"])
+async def test_a_failure_judged_after_its_outage_ended_spends_no_retry(order, monkeypatch):
+    """max_request_retries=0; the backend answers 503 to every first attempt. Calls A and B fail;
+    A's failure is judged first and opens the breaker, A's probe gets through and closes it, and
+    only then is B's failure judged (each judgement held by the test). B failed inside the outage
+    (``inside``: after A) or just before it with no success between (``just_before``), so it
+    goes on and succeeds, instead of the failure being taken for an isolated one that spends a
+    retry (PolicyServerError with no retries)."""
+    backend = await FakeBackend().start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            breaker = BackendBreaker(60, base_backoff_s=0.01)
+            client = _client(backend.url, session, "policy.max_request_retries=0", breaker=breaker)
+            await client.generate([1, 2], 4, rid="warm#0", routing_key="warm")  # the backend was up
+            backend.rule = lambda key, rid: 503 if rid.endswith("#0") else None
+            held = _HeldJudgements(monkeypatch, client)
+            first, second = ("a", "b") if order == "inside" else ("b", "a")
+            tasks = {first: asyncio.create_task(client.generate([1, 2], 4, rid=f"{first}#0", routing_key=first))}
+            await until(lambda: held.held == {1}, f"{first}'s failure waiting for its judgement")
+            tasks[second] = asyncio.create_task(client.generate([1, 2], 4, rid=f"{second}#0", routing_key=second))
+            await until(lambda: held.held == {1, 2}, f"{second}'s failure waiting for its judgement")
+            assert not breaker.is_open and breaker.outages == 0
+            held.release(1 if first == "a" else 2)  # A's judgement opens the outage, its probe ends it
+            gen_a = await asyncio.wait_for(tasks["a"], 30)
+            assert breaker.outages == 1 and not breaker.is_open
+            held.release(1 if first == "b" else 2)  # B's failure is judged after the outage ended
+            gen_b = await asyncio.wait_for(tasks["b"], 30)
+    finally:
+        await backend.stop()
+    assert gen_a.ids == gen_b.ids == IDS and client.retries == 0
+    assert backend.rids("a") == ["a#0", "a#0.r1"] and backend.rids("b") == ["b#0", "b#0.r1"]
+    assert breaker.outages == 1 and not breaker.is_open
+
+
+async def test_the_client_records_its_calls_retries_failures_and_outages():
     """With a recorder, the client counts what these tests check on its attributes: answered
     calls (latency, tokens, the servers' weight version), the retries it made, the call that
     failed for good, and the outage (the breaker's gauge goes 1, then 0)."""
-    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.client")
     backend = await FakeBackend().start()
     rec = MemoryRecorder({"domain": "retail", "actor": "0"})
     try:
@@ -189,7 +247,7 @@ async def test_the_client_records_its_calls_retries_failures_and_outages(caplog)
             # an outage for every call, over once the breaker has opened
             backend.rule = lambda key, rid: 503
             calls = [asyncio.create_task(client.generate([1, 2], 4, rid=f"o{i}#0", routing_key=f"o{i}")) for i in range(4)]
-            await until(lambda: client.breaker.is_open and _excused(caplog, "o") == 4, "every call's failure judged part of the outage")
+            await until(lambda: client.breaker.is_open, "the breaker to open")
             assert rec.value(R.BREAKER_OPEN) == 1
             backend.rule = lambda key, rid: None
             await asyncio.wait_for(asyncio.gather(*calls), 30)
@@ -231,10 +289,11 @@ async def test_a_backend_never_reached_is_not_waited_for():
         assert client.breaker.outages == 0 and not client.breaker.is_open
 
 
-async def test_an_armed_breaker_waits_for_an_outage_from_the_first_call(caplog):
+async def test_an_armed_breaker_waits_for_an_outage_from_the_first_call():
     """A breaker armed by a health check (the actor saw the router up when it started) waits for
-    a backend that goes down before any call succeeded, instead of spending the retries."""
-    caplog.set_level(logging.DEBUG, logger="rollout.core.policy.client")
+    a backend that goes down before any call succeeded, instead of spending the retries (the
+    backend comes back once the breaker has opened, perhaps before every call's failure was
+    judged: those still spend none)."""
     backend = await FakeBackend().start()
     url = backend.url
     await backend.stop()  # down before the first call
@@ -244,7 +303,7 @@ async def test_an_armed_breaker_waits_for_an_outage_from_the_first_call(caplog):
         async with aiohttp.ClientSession() as session:
             client = _client(url, session, "policy.max_request_retries=0", breaker=breaker)
             calls = [asyncio.create_task(client.generate([1, 2], 4, rid=f"e{i}#0", routing_key=f"e{i}")) for i in range(4)]
-            await until(lambda: breaker.is_open and _excused(caplog, "e") == 4, "every call's failure judged part of the outage")
+            await until(lambda: breaker.is_open, "the breaker to open")
             assert not any(c.done() for c in calls)
             await backend.start()
             gens = await asyncio.wait_for(asyncio.gather(*calls), 30)

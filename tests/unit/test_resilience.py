@@ -33,6 +33,52 @@ def test_a_failure_is_isolated_when_a_call_succeeded_since_or_the_breaker_is_off
     assert not off.enabled and off.record_failure(off.successes, time.monotonic()) is False
 
 
+def test_a_failure_judged_after_its_outage_ended_still_belongs_to_it():
+    """Call A fails at t0 and call B at t1 while the backend is down for everyone; A's judgement
+    opens the outage (from t0), a probe succeeds at t2 and closes it; B's failure, judged only
+    at t3, lay inside that outage: it is excused (no retry spent) without opening another."""
+    b = BackendBreaker(60)
+    b.arm()
+    t0 = time.monotonic()
+    mark_a, mark_b = b.successes, b.successes  # both failed with no success since
+    assert b.record_failure(mark_a, t0) is True and b.outages == 1 and b.opened_at == t0
+    assert b.record_success() is not None and not b.is_open  # t2: a probe got through
+    assert b.record_failure(mark_b, t0 + 0.1) is True  # t3: judged after the outage ended
+    assert b.outages == 1 and not b.is_open  # no second outage: the backend is up
+
+
+def test_a_failure_just_before_the_outage_opened_with_no_success_between_belongs_to_it():
+    """B fails first and is judged last (its back-off is longer): no call succeeded between its
+    failure and the opening, so it was part of the same outage even after that has ended; a
+    failure followed by a success before the opening stays isolated."""
+    b = BackendBreaker(60)
+    b.arm()
+    now = time.monotonic()
+    mark_early = b.successes
+    b.record_success()  # someone got through after that failure: it was isolated
+    mark_b = b.successes
+    assert b.record_failure(b.successes, now) is True and b.opened_at == now  # A opens it, B failed before
+    b.record_success()
+    assert b.record_failure(mark_b, now - 0.2) is True
+    assert b.record_failure(mark_early, now - 0.3) is False
+    after = b.successes  # a failure after the outage ended, followed by a success, is isolated
+    b.record_success()
+    assert b.record_failure(after, time.monotonic()) is False and b.outages == 1
+
+
+def test_a_failure_of_an_earlier_outage_is_excused_after_the_next_one_ended_too():
+    """A flapping backend: two outages open and close within one failure's back-off; a failure
+    in the first, judged after both, still belongs to the first."""
+    b = BackendBreaker(60)
+    b.arm()
+    first = b.successes
+    assert b.record_failure(first, time.monotonic()) is True
+    b.record_success()
+    assert b.record_failure(b.successes, time.monotonic()) is True and b.outages == 2
+    b.record_success()
+    assert b.record_failure(first, time.monotonic()) is True and b.outages == 2 and not b.is_open
+
+
 async def test_the_gate_counts_closes_and_lets_calls_go_when_open():
     gate = GenerationGate()
     await gate.wait_open()  # open: at once

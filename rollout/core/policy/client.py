@@ -325,8 +325,10 @@ class HTTPPolicyClient:
 
     async def _judge_outage(self, call: _Call, error: str) -> tuple[bool, bool]:
         """``(excused, slept)`` for an attempt that failed as in an outage: excused (it spends no
-        retry) while the breaker is open; else judged after the ordinary back-off (slept): did any
-        call succeed meanwhile? When this failure opens the breaker, that is logged (one WARNING)."""
+        retry) while the breaker is open; else judged after the ordinary back-off (slept) by
+        :meth:`BackendBreaker.record_failure`: excused unless a call succeeded after the failure
+        and before any outage opened (an outage that opened and ended meanwhile still excuses
+        it). When this failure opens the breaker, that is logged (one WARNING)."""
         breaker = self.breaker
         if breaker.is_open:
             return True, False

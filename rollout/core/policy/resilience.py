@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 __all__ = ["BackendBreaker", "GenerationGate"]
+
+OUTAGES_REMEMBERED = 8  # outages whose late-judged failures a breaker still excuses
 
 
 class GenerationGate:
@@ -71,7 +74,9 @@ class BackendBreaker:
     between that failure and the end of the call's ordinary retry back-off (about a second); see
     :meth:`record_failure`. It is armed only once some call has succeeded: a backend that was
     never reached (a wrong ``router_url``) is not waited for; calls fail after their retries.
-    :meth:`arm` counts a health check as such a success.
+    :meth:`arm` counts a health check as such a success. A failure judged after the outage it
+    belonged to has ended is still excused (:meth:`record_failure`): the outage may end, by a
+    probe's success, within that failure's back-off.
 
     *Open*: calls do not spend retries on transport-level failures; they wait in
     :meth:`attempt`, one probe at a time going out after a jittered exponential back-off
@@ -120,6 +125,8 @@ class BackendBreaker:
         self._probe: object | None = None  # the attempt holding the probe slot
         self._probe_since = 0.0
         self._probes = 0  # probes of this outage (the back-off's exponent)
+        # :attr:`successes` when each recent outage opened: the failures that belong to it
+        self._opened_marks: deque[int] = deque(maxlen=OUTAGES_REMEMBERED)
         self._changed = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -176,6 +183,17 @@ class BackendBreaker:
     def record_failure(self, successes_at_failure: int, failed_at: float) -> bool:
         """Judge a transport-level failure, some time after it happened.
 
+        The failure belongs to an outage when the breaker is open now, when it opens it (no call
+        succeeded since the failure), or when an outage opened while no call had succeeded since
+        the failure, and has ended since (``successes_at_failure`` equals :attr:`successes` at
+        that opening): the failure came inside that outage, or just before it with nothing
+        getting through between. The judgement comes one back-off after the failure, and the
+        outage's probe may succeed within it; counting such a failure as isolated would spend a
+        retry of a call that only met the outage (with ``max_request_retries=0`` the call would
+        fail). A success ends every outage, so the count at an opening marks one outage alone;
+        the last :data:`OUTAGES_REMEMBERED` are remembered, far more than open and close within
+        one back-off.
+
         Args:
             successes_at_failure: :attr:`successes` right after the call failed.
             failed_at: ``time.monotonic()`` when it failed (the outage's start if it opens one).
@@ -183,19 +201,21 @@ class BackendBreaker:
         Returns:
             True when the failure belongs to an outage: the breaker is open (it opens now if no
             call has succeeded since the failure and it is enabled and armed, and then
-            :attr:`outages` grows by one); the call must not count it against its retries.
+            :attr:`outages` grows by one), or the failure belongs to an outage that has ended
+            (the breaker stays closed); the call must not count it against its retries.
             False: an isolated failure (or the breaker is disabled or not armed); the call spends
             a retry.
         """
         if not self.enabled:
             return False
-        if self.opened_at is not None:
+        if self.opened_at is not None or successes_at_failure in self._opened_marks:
             return True
         if self.successes == 0 or self.successes != successes_at_failure:
             return False
         self.opened_at = failed_at
         self.outages += 1
         self._probes = 0
+        self._opened_marks.append(self.successes)
         return True
 
     def _backoff(self) -> float:
