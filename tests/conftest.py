@@ -112,7 +112,8 @@ def vllm_stack(tmp_path_factory):
     """The session's real vLLM: 2 CPU servers behind vllm-router serving a random-weight Qwen3
     checkpoint (``support.vllm_stack``: what it holds, how tests put it back). Skips when vLLM is
     not installed (fails under ``TAU_ROLLOUT_REQUIRE_VLLM=1``). Tests using it live in files whose
-    path contains ``vllm`` (one xdist worker runs them all) and set a timeout that covers the start."""
+    path contains ``vllm`` (one xdist worker runs them all); their timeouts are ``func_only``, so the
+    start (bounded by its own ``startup_timeout_s``) counts against no test."""
     from support.vllm_stack import start_session_stack
 
     handle = start_session_stack(tmp_path_factory)

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from rollout.app.preflight import PreflightError, check_engine_servers, run_preflight
 from rollout.core.config import load_config
 
-pytestmark = pytest.mark.timeout(1800)  # the session's vLLM stack starts in the first test that asks for it
+pytestmark = pytest.mark.timeout(300, func_only=True)  # the test alone: the session's vLLM stack starts in set-up, untimed
 
 SERVER_INFO = json.loads((Path(__file__).resolve().parents[1] / "support" / "data" / "vllm" / "server_info.json").read_text())["body"]
 

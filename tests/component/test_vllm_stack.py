@@ -17,7 +17,7 @@ import pytest
 from rollout.devtools.local.vllm import checkpoint_problem, write_checkpoint
 from rollout.devtools.local.vllm.processes import http_json
 
-pytestmark = pytest.mark.timeout(1800)  # the session's vLLM stack starts in the first test that asks for it
+pytestmark = pytest.mark.timeout(300, func_only=True)  # the test alone: the session's vLLM stack starts in set-up, untimed
 
 
 def test_checkpoint_is_deterministic_and_kept(tmp_path):
