@@ -13,6 +13,8 @@ client, e.g. verl's); under ``policy.routing=group`` the header names the group,
   :attr:`FaultProxy.weight_version` (``"0"`` unless set);
 * ``("delay", seconds)``: forward after ``seconds`` (a slow episode; cancelling the client's
   request cancels the wait).
+* ``("hold", event)``: forward once ``event`` (a :class:`threading.Event`) is set; until then the
+  call counts in :attr:`FaultProxy.holding` (a client that goes away cancels the hold).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class FaultProxy(ThreadedApp):
         self.eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.seen: list[str] = []  # keys (episode ids), in arrival order
         self.weight_version = "0"  # what a "text" answer reports as meta_info.weight_version
+        self.holding = 0  # calls held by a "hold" answer now
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -65,6 +68,13 @@ class FaultProxy(ThreadedApp):
                 "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
         if action is not None and action[0] == "delay":
             await asyncio.sleep(float(action[1]))
+        if action is not None and action[0] == "hold":
+            self.holding += 1
+            try:
+                while not action[1].is_set():
+                    await asyncio.sleep(0.05)
+            finally:
+                self.holding -= 1
         async with self._session.post(self.upstream + "/generate", json=body, headers={"X-SMG-Routing-Key": header} if header else None) as r:
             return web.json_response(await r.json(content_type=None), status=r.status)
 
