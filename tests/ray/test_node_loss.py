@@ -81,7 +81,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
-@pytest.mark.extended  # 3 Ray nodes on 2 cores, ~2 min: kept out of CI's budget; tests/ray/test_pool.py covers actor death in CI
+@pytest.mark.extended  # 3 Ray nodes on 2 cores, ~2 min: kept out of CI's budget; tests/ray/test_pool_faults.py covers actor death (retry, actor_lost, exactly once) in CI
 def test_removing_a_worker_node_mid_run_loses_and_duplicates_nothing(retail_stack, retail, tmp_path):
     ids = retail.task_ids("base")[: N_TASKS + N_AFTER]
     ray_tmp = tempfile.mkdtemp(prefix="rnl", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes

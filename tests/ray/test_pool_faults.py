@@ -18,27 +18,62 @@ def _running(pool) -> int:
     return sum(i["running"] for i in pool.worker_infos())
 
 
-@pytest.mark.extended  # CI's budget: tests/ray/test_pool.py covers the actor-death retry path in CI; this adds the typing
-def test_an_actor_that_keeps_dying_types_its_episodes_actor_lost_once_each(ray_cluster, retail_stack, retail):
+def _pump(pool, got: list, cond, what: str, timeout_s: float = 120.0) -> None:
+    """Let the pool's scheduler run (it dispatches, notices dead actors and re-queues only while
+    a stream is read) until ``cond()``, keeping any result delivered meanwhile in ``got``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        try:
+            got.extend(pool.results(timeout_s=0.5))
+        except TimeoutError:
+            pass
+
+
+def _actor_running(pool, i: int) -> int:
+    import ray
+
+    return ray.get(pool.actors[i].info.remote(), timeout=60)["running"]
+
+
+def test_a_killed_actor_s_episodes_are_retried_and_typed_actor_lost_once_retries_are_spent(ray_cluster, retail_stack, retail):
+    """Two actors, both generation gates closed (so every episode is held at its first /generate
+    call, and nothing can finish before a kill): actor 0 dies for good, its two episodes are re-run
+    (attempt 1) on actor 1 and held there too; then actor 1 dies and Ray restarts it. Its own two
+    episodes (attempt 0) are re-run on the restarted actor (its gate is open) and complete; actor
+    0's two, out of retries (``pool.max_episode_retries=1``), are delivered ``actor_lost``. Every
+    episode is delivered exactly once."""
     import ray
 
     from rollout.core.pool import RolloutPool
 
-    pool = RolloutPool(_cfg(retail_stack.router_url, "pool.max_episode_retries=0")).start()
+    pool = RolloutPool(_cfg(retail_stack.router_url, "pool.max_episode_retries=1", "pool.no_actor_timeout_s=600", num_actors=2)).start()
+    got: list = []
     try:
-        # the gate holds the episodes at their first /generate call, so some are running at the kill
-        ray.get(pool.actors[0].pause_generation.remote(), timeout=30)
-        specs = pool.submit_tasks(retail.task_ids("base")[:6])
-        _wait(lambda: _running(pool) >= 2, "episodes running")
-        ray.kill(pool.actors[0], no_restart=False)  # Ray restarts it; the attempts in flight are lost
-        results = list(pool.results(timeout_s=300))
+        ray.get([a.pause_generation.remote() for a in pool.actors], timeout=60)
+        specs = pool.submit_tasks(retail.task_ids("base")[:4])
+        _wait(lambda: [_actor_running(pool, 0), _actor_running(pool, 1)] == [2, 2], "two episodes held on each actor")
+        first, second = set(pool.episodes_in_flight(0)), set(pool.episodes_in_flight(1))
+        assert len(first) == len(second) == 2 and not got
+        ray.kill(pool.actors[0], no_restart=True)  # gone for good
+        _pump(pool, got, lambda: set(pool.episodes_in_flight(1)) == first | second and _actor_running(pool, 1) == 4,
+              "actor 0's episodes re-run and held on actor 1")
+        assert not got, "nothing can end while every gate is closed"
+        ray.kill(pool.actors[1], no_restart=False)  # Ray restarts it, with its gate open
+        got.extend(pool.results(timeout_s=300))
+        stats = pool.stats()
     finally:
         pool.shutdown()
-    counts = collections.Counter(r.spec.episode_id for r in results)
-    assert sorted(counts) == sorted(s.episode_id for s in specs) and set(counts.values()) == {1}
-    lost = [r for r in results if r.status is EpisodeStatus.ACTOR_LOST]
-    assert lost and all(r.metadata["termination_reason"] == "actor_lost" and "actor lost" in r.metadata["error"] for r in lost)
-    assert all(r.status in (EpisodeStatus.ACTOR_LOST, EpisodeStatus.COMPLETED) for r in results)
+    counts = collections.Counter(r.spec.episode_id for r in got)
+    assert sorted(counts) == sorted(s.episode_id for s in specs) and set(counts.values()) == {1}, "each episode delivered once"
+    by_id = {r.spec.episode_id: r for r in got}
+    lost = [by_id[e] for e in sorted(first)]
+    assert all(r.status is EpisodeStatus.ACTOR_LOST and r.spec.attempt == 1 for r in lost), [(r.status, r.spec.attempt) for r in lost]
+    assert all(r.metadata["termination_reason"] == "actor_lost" and "actor lost" in r.metadata["error"] for r in lost)
+    retried = [by_id[e] for e in sorted(second)]
+    assert all(r.status is EpisodeStatus.COMPLETED and r.reward == 1.0 and r.spec.attempt == 1 for r in retried), \
+        [(r.status, r.spec.attempt) for r in retried]
+    assert stats["episode_retries"] == 4 and stats["status_actor_lost"] == 2 and stats["status_completed"] == 2
     assert EpisodeStatus.ACTOR_LOST.is_infrastructure_failure
 
 

@@ -17,7 +17,8 @@ forwarded (e.g. ``ignore_eos`` in vLLM's ``sampling_params``). What it returns:
 * ``("delay", seconds)``: forward after ``seconds`` (a slow episode; cancelling the client's
   request cancels the wait);
 * ``("hold", event)``: forward once the ``threading.Event`` is set (a call out on the client
-  that has not reached an engine; cancelling the client's request cancels the wait).
+  that has not reached an engine; cancelling the client's request cancels the wait); until then
+  the call counts in :attr:`FaultProxy.holding`.
 
 :attr:`FaultProxy.open` counts, per key, the calls forwarded whose answer has not come back: a
 call the upstream engine may be running now.
@@ -62,6 +63,7 @@ class FaultProxy(ThreadedApp):
         self.seen: list[str] = []  # keys (episode ids), in arrival order
         self.open: collections.Counter[str] = collections.Counter()  # key -> forwarded calls not answered yet
         self.weight_version = "0"  # what a "text" answer reports as meta_info.weight_version
+        self.holding = 0  # calls held by a "hold" answer now
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -82,8 +84,12 @@ class FaultProxy(ThreadedApp):
             await asyncio.sleep(float(action[1]))
         if action is not None and action[0] == "hold":
             event: threading.Event = action[1]  # type: ignore[assignment]
-            while not event.is_set():  # a condition on another thread; cancelled with the client's request
-                await asyncio.sleep(0.02)
+            self.holding += 1
+            try:
+                while not event.is_set():  # a condition on another thread; cancelled with the client's request
+                    await asyncio.sleep(0.02)
+            finally:
+                self.holding -= 1
         self.open[key] += 1
         try:
             async with self._session.post(self.upstream + request.path, json=body, headers=headers or None) as r:

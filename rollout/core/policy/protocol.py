@@ -11,12 +11,12 @@ answer into a :class:`Generation`, for any client that receives one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Generation", "PolicyClient", "PolicyServerError", "parse_generate_response"]
+__all__ = ["Generation", "PolicyClient", "PolicyServerError", "parse_generate_response", "read_weight_spans"]
 
 
 class PolicyServerError(RuntimeError):
@@ -41,9 +41,9 @@ class Generation:
             generation for a weight update (see :class:`~rollout.core.policy.resilience.GenerationGate`),
             not for another reason.
         weight_spans: ``None`` when every id was sampled by ``weight_version``; else the call
-            crossed a weight update (vLLM under a pause that keeps requests: ``/pause?mode=keep``)
-            and this lists ``(start, end, version)`` over ``ids``, in order, covering them
-            (``weight_version`` is then the last span's).
+            crossed a weight update (a pause that kept the request: vLLM's ``/pause?mode=keep``,
+            SGLang's ``retract`` / ``in_place``) and this lists ``(start, end, version)`` over
+            ``ids``, in order, covering them (``weight_version`` is then the last span's).
     """
 
     ids: list[int]
@@ -132,6 +132,42 @@ class PolicyClient(Protocol):
         ...
 
 
+def read_weight_spans(spans: Any, n: int, where: str) -> list[tuple[int, int, str | None]]:
+    """An answer's weight-version spans (``[{"version", "start", "end"}, ...]``, what vLLM's
+    ``choices[0].weight_versions`` and SGLang's ``meta_info.weight_versions`` hold) as
+    ``(start, end, version)``, checked to cover the ``n`` generated ids ``[0, n)`` in order.
+
+    Args:
+        spans: the decoded spans; ``None`` (or ``[]`` for a call that sampled nothing): none reported.
+        n: how many ids the answer holds.
+        where: the answer's route, for the message (``/generate``).
+
+    Returns:
+        The spans, or ``[]`` when none were reported.
+
+    Raises:
+        PolicyServerError: not a list of spans, a span without ``start``, ``end`` or ``version``,
+            or spans that do not cover the ids in order.
+    """
+    if spans is None or (spans == [] and n == 0):
+        return []
+    if not isinstance(spans, list) or not spans:
+        raise PolicyServerError(f"malformed {where} response: weight_versions must be a list of spans over the {n} ids, got {spans!r}")
+    out, at = [], 0
+    for sp in spans:
+        try:
+            a, b, v = int(sp["start"]), int(sp["end"]), sp["version"]
+        except (KeyError, TypeError, ValueError):
+            raise PolicyServerError(f"malformed {where} response: weight_versions span {sp!r} lacks start, end or version") from None
+        if a != at or b < a:
+            raise PolicyServerError(f"malformed {where} response: weight_versions spans {spans!r} do not cover the {n} ids in order")
+        out.append((a, b, None if v is None else str(v)))
+        at = b
+    if at != n:
+        raise PolicyServerError(f"malformed {where} response: weight_versions spans {spans!r} end at {at}, not at the {n} ids")
+    return out
+
+
 def parse_generate_response(body: dict) -> Generation:
     """Read ids and log-probs from a ``/generate`` response body.
 
@@ -141,11 +177,14 @@ def parse_generate_response(body: dict) -> Generation:
     Returns:
         A :class:`Generation` whose ``ids`` and ``log_probs`` (length ``n`` each) come from
         ``meta_info.output_token_logprobs`` (``[[logprob, token_id, text], ...]``); input log-probs
-        are not read.
+        are not read. ``weight_version`` is ``meta_info.weight_version``; where the server reports
+        ``meta_info.weight_versions`` (SGLang since its weight-version spans, e.g. 0.5.23), the
+        last span's, and ``weight_spans`` lists them when a weight update split the call.
 
     Raises:
         PolicyServerError: the body lacks ``meta_info.output_token_logprobs``, a generated token's
-            log-prob is ``null`` or not a number, or the ids disagree with ``output_ids``.
+            log-prob is ``null`` or not a number, the ids disagree with ``output_ids``, or the
+            spans do not cover the ids (:func:`read_weight_spans`).
     """
     try:
         meta = body["meta_info"]
@@ -164,8 +203,10 @@ def parse_generate_response(body: dict) -> Generation:
     if out_ids is not None and list(out_ids) != ids:
         raise PolicyServerError("output_ids disagree with output_token_logprobs")
     meta = {k: v for k, v in meta.items() if k not in ("output_token_logprobs", "input_token_logprobs")}
-    version = meta.get("weight_version")
+    spans = read_weight_spans(meta.get("weight_versions"), len(ids), "/generate")
+    version = spans[-1][2] if spans else meta.get("weight_version")
     return Generation(
         ids=ids, log_probs=lps, finish_type=finish_type, matched=fr.get("matched") if isinstance(fr, dict) else None,
         text=body.get("text", ""), meta=meta, weight_version=None if version is None else str(version),
+        weight_spans=spans if len(spans) > 1 else None,
     )

@@ -7,7 +7,8 @@ token out, and :class:`SGLangClient`, the shared client
   true, sampling_seed?}, "return_logprob": true, "rid"}``; the request id is ``rid``.
 * **Answer** (:func:`~rollout.core.policy.protocol.parse_generate_response`): the ids and their
   log-probs from ``meta_info.output_token_logprobs`` (``[[logprob, token_id, text], ...]``),
-  ``meta_info.finish_reason.{type, matched}``, ``meta_info.weight_version``.
+  ``meta_info.finish_reason.{type, matched}``, ``meta_info.weight_version`` and, where the server
+  reports them, ``meta_info.weight_versions`` spans (one per version that sampled the ids).
 * **Routing**: the header ``X-SMG-Routing-Key`` (sglang-router ``--policy manual``).
 * **Control** (:class:`~rollout.core.policy.admin.RouterAdmin`): ``/pause_generation``,
   ``/continue_generation``, ``/update_weights_from_disk``, ``/model_info``, ``/abort_request`` on

@@ -49,7 +49,7 @@ from rollout.core.config import PolicyConfig, SamplingConfig
 from rollout.core.policy.admin import EngineAdmin, WeightSyncError, WorkerAdmin
 from rollout.core.policy.client import HTTPPolicyClient
 from rollout.core.policy.kvreadings import KVMetrics
-from rollout.core.policy.protocol import Generation, PolicyServerError
+from rollout.core.policy.protocol import Generation, PolicyServerError, read_weight_spans
 from rollout.core.policy.wire import RetryableAnswer
 
 if TYPE_CHECKING:
@@ -76,28 +76,6 @@ VLLM_KV_METRICS = KVMetrics("vllm:", "vllm:kv_cache_usage_perc", "vllm:num_preem
 
 def _malformed(why: str) -> PolicyServerError:
     return PolicyServerError(f"malformed {GENERATE_PATH} response: {why}")
-
-
-def _weight_spans(spans: Any, n: int) -> list[tuple[int, int, str | None]]:
-    """``choices[0].weight_versions`` as ``(start, end, version)``, checked to cover ``[0, n)`` in
-    order; ``[]`` when vLLM reported none (its ``null``, or ``[]`` for a call that sampled nothing)."""
-    if spans is None or (spans == [] and n == 0):
-        return []
-    if not isinstance(spans, list) or not spans:
-        raise _malformed(f"weight_versions must be a list of spans over the {n} ids, got {spans!r}")
-    out, at = [], 0
-    for sp in spans:
-        try:
-            a, b, v = int(sp["start"]), int(sp["end"]), sp["version"]
-        except (KeyError, TypeError, ValueError):
-            raise _malformed(f"weight_versions span {sp!r} lacks start, end or version") from None
-        if a != at or b < a:
-            raise _malformed(f"weight_versions spans {spans!r} do not cover the {n} ids in order")
-        out.append((a, b, None if v is None else str(v)))
-        at = b
-    if at != n:
-        raise _malformed(f"weight_versions spans {spans!r} end at {at}, not at the {n} ids")
-    return out
 
 
 def parse_vllm_response(body: dict) -> Generation:
@@ -142,7 +120,7 @@ def parse_vllm_response(body: dict) -> Generation:
         if entry.get("token_id", tid) != tid:
             raise _malformed(f"log-prob entry {i} is for id {entry.get('token_id')}, the token is {tid}")
         log_probs.append(float(lp))
-    spans = _weight_spans(choice.get("weight_versions"), len(ids))
+    spans = read_weight_spans(choice.get("weight_versions"), len(ids), GENERATE_PATH)
     meta = {"request_id": body.get("request_id"), "usage": body.get("usage"), "finish_reason": finish,
             "stop_reason": choice.get("stop_reason"), "weight_versions": choice.get("weight_versions")}
     return Generation(ids=ids, log_probs=log_probs, finish_type=finish, matched=choice.get("stop_reason"), meta=meta,
