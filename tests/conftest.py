@@ -152,7 +152,7 @@ def local_stacks(tmp_path_factory):
 @pytest.fixture(scope="session")
 def retail_stack(local_stacks):
     """Gold-replay server for retail behind the real sglang-router (the shared one)."""
-    return local_stacks.get("gold_replay", "retail")
+    return local_stacks.get("gold_replay", "retail", pin=True)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def two_servers(tmp_path_factory):
 @pytest.fixture(scope="session")
 def airline_stack(local_stacks):
     """Gold-replay server for airline behind the real sglang-router (the shared one)."""
-    return local_stacks.get("gold_replay", "airline")
+    return local_stacks.get("gold_replay", "airline", pin=True)
 
 
 @pytest.fixture(scope="session")

@@ -39,9 +39,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     return dict(env, **extra)
 
 
-def job_config(args: Sequence[str]) -> Config:
-    """The config a ``run``/``eval`` with ``args`` (``python -m rollout``'s arguments) loads, as the
-    CLI loads it (``configs/local.yaml`` when no ``--config``).
+def job_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``(config file, overrides)`` of a ``run``/``eval`` with ``args`` (``python -m rollout``'s
+    arguments): ``--config``'s value, or ``configs/local.yaml`` as the CLI takes it when none is named.
 
     Raises:
         ValueError: ``args`` is not a ``run``/``eval`` command.
@@ -62,7 +62,17 @@ def job_config(args: Sequence[str]) -> Config:
             overrides.append(a)
     if config is None and (ROOT / "configs" / "local.yaml").is_file():
         config = "configs/local.yaml"
-    return load_config(ROOT / config if config and not Path(config).is_absolute() else config, overrides)
+    return config, overrides
+
+
+def _load(config: str | Path | None, overrides: Sequence[str]) -> Config:
+    path = ROOT / config if config is not None and not Path(config).is_absolute() else config
+    return load_config(path, list(overrides))
+
+
+def job_config(args: Sequence[str]) -> Config:
+    """The config a ``run``/``eval`` with ``args`` loads, as the CLI loads it (:func:`job_args`)."""
+    return _load(*job_args(args))
 
 
 def stack_overrides(cfg: Config, router_url: str) -> list[str]:
@@ -79,29 +89,40 @@ def stack_overrides(cfg: Config, router_url: str) -> list[str]:
     return out
 
 
-def command(args: Sequence[str], *, stack: LocalStacks | LocalStack | None = None, ray: SharedRay | None = None) -> list[str]:
-    """``python -m rollout ARGS`` as an argv, joined to the shared head (``ray``) and pointed at a
-    shared local stack (``stack``: the pool of them, which picks the run's kind, or one stack).
+def shared_overrides(config: str | Path | None, overrides: Sequence[str] = (), *, stack: LocalStacks | LocalStack | None = None,
+                     ray: SharedRay | None = None) -> list[str]:
+    """The overrides that put a job of ``config`` with ``overrides`` (a CLI run, a trainer's
+    driver, an in-process ``open_pool``) on the shared head (``ray``) and a shared local stack
+    (``stack``: the pool of them, which picks the job's kind, or one stack), to go after its own.
 
     Raises:
-        ValueError: a stack or a head for a command that starts no pool, a stack for a run that
-            starts none (``local.enabled=false``), or a given stack of another kind than the run's.
+        ValueError: a stack for a job that starts none (``local.enabled=false``), or a given stack
+            of another kind than the job's.
     """
-    args = list(args)
     extra: list[str] = []
-    if stack is not None or ray is not None:
-        cfg = job_config(args)
-        if stack is not None:
-            if not cfg.local.enabled:
-                raise ValueError("the run starts no local stack (local.enabled=false): pass no stack")
-            if isinstance(stack, LocalStacks):
-                stack = stack.for_config(cfg)
-            elif LocalStacks.kind(stack.local, stack.domain, stack.tokenizer, stack.chat_format) != LocalStacks.kind(
-                    cfg.local, domain_key(cfg.env.benchmark, cfg.env.domain), cfg.policy.tokenizer, cfg.policy.chat_format):
-                raise ValueError("the given stack is not of the run's kind (its local section, tokenizer or chat format)")
-            extra += stack_overrides(cfg, stack.router_url)
-        if ray is not None:
-            extra.append(ray.override())
+    if stack is not None:
+        cfg = _load(config, overrides)
+        if not cfg.local.enabled:
+            raise ValueError("the run starts no local stack (local.enabled=false): pass no stack")
+        if isinstance(stack, LocalStacks):
+            stack = stack.for_config(cfg)
+        elif LocalStacks.kind(stack.local, stack.domain, stack.tokenizer, stack.chat_format) != LocalStacks.kind(
+                cfg.local, domain_key(cfg.env.benchmark, cfg.env.domain), cfg.policy.tokenizer, cfg.policy.chat_format):
+            raise ValueError("the given stack is not of the run's kind (its local section, domain, tokenizer or chat format)")
+        extra += stack_overrides(cfg, stack.router_url)
+    if ray is not None:
+        extra.append(ray.override())
+    return extra
+
+
+def command(args: Sequence[str], *, stack: LocalStacks | LocalStack | None = None, ray: SharedRay | None = None) -> list[str]:
+    """``python -m rollout ARGS`` as an argv, on the shared head and a shared stack
+    (:func:`shared_overrides`; ``ARGS`` a ``run``/``eval`` when either is given).
+
+    Raises:
+        ValueError: as :func:`shared_overrides`, or a stack or a head for a command that starts no pool.
+    """
+    extra = shared_overrides(*job_args(args), stack=stack, ray=ray) if stack is not None or ray is not None else []
     return [sys.executable, "-m", "rollout", *args, *extra]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support import durations, skips
+from support import durations, skips, stacks
 from support.cli import command, job_config, stack_overrides
 from support.shared_ray import SharedRay
 
@@ -132,3 +132,34 @@ def test_a_command_joins_the_shared_head():
     assert shlex.join(argv).endswith("'env.task_ids=[0]' pool.ray_address=127.0.0.1:6379")  # after the test's own
     with pytest.raises(ValueError, match="starts no local stack"):
         command(["run", "local.enabled=false", "policy.router_url=http://127.0.0.1:1"], stack=object())
+
+
+class _FakeStack:
+    def __init__(self, local, domain, tokenizer, log_dir, chat_format):
+        self.local, self.domain, self.tokenizer, self.chat_format, self.log_dir = local, domain, tokenizer, chat_format, Path(log_dir)
+        self.state = "made"
+
+    def start(self):
+        self.log_dir.mkdir(parents=True)
+        self.state = "up"
+
+    def stop(self):
+        self.state = "stopped"
+
+
+def test_shared_stacks_one_per_kind_and_the_least_recently_used_stopped_beyond_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(stacks, "LocalStack", _FakeStack)
+    pool = stacks.LocalStacks(tmp_path)
+    pinned = pool.get("gold_replay", "retail", pin=True)
+    assert pool.get("gold_replay", "retail") is pinned and pool.started() == 1  # the same kind: the same stack
+    assert pool.for_config(job_config(["run", "--config", "configs/local.yaml"])) is pinned  # a CLI run's kind with configs/local.yaml
+    others = [pool.get("gold_replay", "retail", tokenizer=f"builtin:v{i}") for i in range(stacks.KEEP)]
+    assert pool.get("gold_replay", "retail", num_servers=2) not in others + [pinned]  # the local section is part of the kind
+    # KEEP unpinned stacks up at most: the least recently used (v0) stopped, the pinned one never
+    assert [s.state for s in others] == ["stopped"] + ["up"] * (stacks.KEEP - 1) and pinned.state == "up"
+    again = pool.get("gold_replay", "retail", tokenizer="builtin:v0")
+    assert again is not others[0] and again.state == "up" and others[1].state == "stopped" and pool.started() == stacks.KEEP + 3
+    with pytest.raises(ValueError, match="vllm_stack"):
+        pool.for_config(job_config(["run", "local.backend=vllm", "policy.engine=vllm"]))
+    pool.close()
+    assert pinned.state == again.state == "stopped"
