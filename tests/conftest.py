@@ -226,9 +226,12 @@ def shared_ray():
 @pytest.fixture(scope="session")
 def ray_cluster(shared_ray):
     """This test process connected to the session's shared Ray head (its in-process pools start
-    their actors there)."""
+    their actors there). A Ray that an earlier test left connected in this process (an in-process
+    ``open_pool`` without an address starts a local cluster of its own) is shut down first."""
     import ray
 
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address.rsplit(":", 1)[1] != shared_ray.address.rsplit(":", 1)[1]:
+        ray.shutdown()
     if not ray.is_initialized():
         ray.init(address=shared_ray.address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray

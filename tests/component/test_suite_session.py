@@ -6,6 +6,7 @@ an unexpected skip fails it (which skips are allowed: tests/unit/test_suite_infr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ spec = importlib.util.spec_from_file_location("suite_conftest", {str(TESTS / "co
 suite = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(suite)
 pytest_configure, pytest_sessionfinish, pytest_unconfigure = suite.pytest_configure, suite.pytest_sessionfinish, suite.pytest_unconfigure
+pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler
 """
 
 TOYS = """
@@ -66,6 +68,25 @@ def test_the_last_lines_name_the_peak_load_retries_and_unexpected_skips_and_ci_f
     ci = _session(tmp_path, TAU_ROLLOUT_CI="1")
     assert ci.returncode == 1, ci.stdout[-3000:]
     assert ci.stdout.strip().splitlines()[-2] == "unexpected skips: 1"
+
+
+def test_files_start_longest_first_by_the_durations_file(tmp_path):
+    """xdist's own order is by number of tests (the three-test file first); the suite's scheduler
+    starts the file the durations file says is longest first, and a file it does not list as its
+    folder's median."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    for name, n in (("test_three.py", 3), ("test_two.py", 2), ("test_one.py", 1), ("test_new.py", 1)):
+        (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n\n" for i in range(n)))
+    seconds = {"test_one.py": 300.0, "test_two.py": 100.0, "test_three.py": 5.0}  # test_new.py: the median, 100 s
+    (tmp_path / "durations.json").write_text(json.dumps(seconds))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TAU_ROLLOUT_") and not k.startswith("PYTEST_")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "1", "--dist", "loadfile", "-p", "no:cacheprovider", "--rootdir",
+                           str(tmp_path), "-c", os.devnull, str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**base, "TAU_ROLLOUT_DURATIONS": str(tmp_path / "durations.json")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = [m.group(1) for m in re.finditer(r"PASSED (test_\w+\.py)::", proc.stdout)]
+    order = [f for i, f in enumerate(files) if f not in files[:i]]
+    assert order == ["test_one.py", "test_two.py", "test_new.py", "test_three.py"], proc.stdout[-3000:]
 
 
 def test_the_shared_heads_supervisor_ends_its_group_when_the_sessions_owner_is_gone():

@@ -11,11 +11,14 @@ folder (``tests/e2e/`` ...). Refresh it from a run's JUnit XML report::
     .venv/bin/python tests/support/durations.py refresh /tmp/run.xml
 
 (files the report does not name keep their seconds; files that no longer exist are dropped).
+``TAU_ROLLOUT_DURATIONS`` names another file for the scheduler to read (the suite's own test of the
+order uses it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import xml.etree.ElementTree as ET
@@ -26,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FILE = ROOT / "tests" / "durations.json"
 
 
-def load(path: Path = FILE) -> dict[str, float]:
-    """``{test file: seconds}`` (empty when the file is missing)."""
+def load(path: Path | None = None) -> dict[str, float]:
+    """``{test file: seconds}`` of ``path`` (default: ``$TAU_ROLLOUT_DURATIONS``, else
+    ``tests/durations.json``); empty when the file is missing."""
+    path = Path(path or os.environ.get("TAU_ROLLOUT_DURATIONS") or FILE)
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -43,8 +48,8 @@ def seconds(files: Iterable[str], known: dict[str, float]) -> float:
         if f in known:
             total += known[f]
         else:
-            folder = f.rsplit("/", 1)[0] + "/"
-            peers = [s for k, s in known.items() if k.startswith(folder)]
+            folder = f.rpartition("/")[0]
+            peers = [s for k, s in known.items() if k.rpartition("/")[0] == folder]
             total += statistics.median(peers) if peers else 0.0
     return total
 

@@ -25,10 +25,9 @@ PID_ENV = "TAU_ROLLOUT_SESSION_PID"
 
 
 def begin() -> Path:
-    """Make the session's folder and name it (and this process as its owner) in the environment;
-    the folder of an enclosing session when one is named already (a pytest run started by a test)."""
-    if os.environ.get(DIR_ENV) and Path(os.environ[DIR_ENV]).is_dir():
-        return Path(os.environ[DIR_ENV])
+    """Make the session's folder and name it (and this process as its owner) in the environment,
+    in place of an enclosing session's (a pytest run that a test starts, e.g. in a framework's own
+    venv, shares nothing with the session that started it)."""
     # short: Ray's socket paths under it (support.shared_ray) must fit in 107 bytes
     path = Path(tempfile.mkdtemp(prefix="trs-", dir="/tmp"))
     os.environ[DIR_ENV] = str(path)
