@@ -11,33 +11,30 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.cli import ROOT, cli_env, run_cli, shared_overrides
 
 from rollout.core.records import TrainingSample
 
-ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 6000
 SMALL = ["env.domain=airline", "env.task_ids=[2,14,17,22]", "rollout.n_samples_per_task=1", "pool.num_actors=1",
          f"policy.max_context_tokens={BUDGET}", "policy.context_headroom_tokens=256"]
 
 
-def _env() -> dict:
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
-def _run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", *SMALL, *overrides,
-                           f"rollout.output_dir={out}"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+@pytest.fixture
+def run(local_stacks, shared_ray):
+    """``python -m rollout run`` of the small airline job on the shared head and gold-replay stack."""
+    def _run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+        proc = run_cli(["run", "--config", "configs/local.yaml", "--no-progress", *SMALL, *overrides, f"rollout.output_dir={out}"],
+                       stack=local_stacks, ray=shared_ray)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+    return _run
 
 
 def _lines(out: Path) -> list[dict]:
@@ -46,14 +43,14 @@ def _lines(out: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_main_job_compacts_where_none_ends_truncated_and_resumes(tmp_path):
-    plain = _run(tmp_path / "none")
+def test_the_main_job_compacts_where_none_ends_truncated_and_resumes(tmp_path, run):
+    plain = run(tmp_path / "none")
     summary = json.loads((tmp_path / "none" / "summary.json").read_text())
     assert summary["status_counts"] == {"truncated": 4} and summary["compactions"] == 0, summary
     assert "compactions" not in plain.stdout  # the table shows them only with a strategy
 
     out = tmp_path / "drop"
-    proc = _run(out, "policy.context_strategy=drop_tool_results")
+    proc = run(out, "policy.context_strategy=drop_tool_results")
     summary = json.loads((out / "summary.json").read_text())
     truncated = summary["status_counts"].get("truncated", 0)
     assert truncated < 4 and summary["compactions"] >= 4, summary
@@ -81,10 +78,7 @@ def test_the_main_job_compacts_where_none_ends_truncated_and_resumes(tmp_path):
     last = json.loads(written[-1])["metadata"]["episode_id"]
     kept = [x for x in written if json.loads(x)["metadata"]["episode_id"] != last]
     (out / "samples.jsonl").write_text("".join(kept))
-    done = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", *SMALL,
-                           "policy.context_strategy=drop_tool_results", f"rollout.output_dir={out}", "--resume"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run(out, "policy.context_strategy=drop_tool_results", "--resume")
     assert "4 episode(s) delivered before, 0 to run" in done.stderr
     assert (out / "samples.jsonl").read_text().splitlines(keepends=True) == kept + [x for x in written if x not in kept]
     assert json.loads((out / "summary.json").read_text())["compactions"] == summary["compactions"]
@@ -112,11 +106,12 @@ print("episodes", len(per_episode), "samples", len(samples), "compactions", sum(
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_trainer_api_hands_out_compacted_episodes_per_turn_within_the_budget(tmp_path):
+def test_the_trainer_api_hands_out_compacted_episodes_per_turn_within_the_budget(tmp_path, local_stacks, shared_ray):
     """The same guarantee on the trainer API, with per_turn samples over a re-rendered history."""
-    proc = subprocess.run([sys.executable, "-c", TRAINER_SCRIPT, str(tmp_path / "run"), *SMALL, "policy.context_strategy=drop_tool_results",
-                           "rollout.sample_mode=per_turn", "policy.history=rerender"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    overrides = [*SMALL, "policy.context_strategy=drop_tool_results", "rollout.sample_mode=per_turn", "policy.history=rerender"]
+    overrides += shared_overrides("configs/local.yaml", overrides, stack=local_stacks, ray=shared_ray)
+    proc = subprocess.run([sys.executable, "-c", TRAINER_SCRIPT, str(tmp_path / "run"), *overrides],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     words = next(x for x in proc.stdout.splitlines() if x.startswith("episodes ")).split()
     got = dict(zip(words[::2], map(int, words[1::2])))

@@ -70,12 +70,12 @@ def recording_engine():
     register_engine(LOCAL_STACK, saved, replace=True)
 
 
-def test_open_pool_starts_the_registered_engine_beside_ray_and_stops_it(tmp_path, recording_engine, monkeypatch):
+def test_open_pool_starts_the_registered_engine_beside_ray_and_stops_it(tmp_path, recording_engine, monkeypatch, shared_ray):
     from rollout.app.wiring import StartupTimeline, open_pool
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cfg = load_config(str(ROOT / "configs" / "local.yaml"), ["env.task_ids=[0]", "rollout.n_samples_per_task=1", "pool.num_actors=1",
-                                                            f"rollout.output_dir={tmp_path / 'out'}"])
+                                                            f"rollout.output_dir={tmp_path / 'out'}", shared_ray.override()])
     timeline = StartupTimeline()
     with open_pool(cfg, timeline=timeline) as (rcfg, pool, task_ids):
         made = next(c for c in recording_engine.calls if c[0] == "made")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 from rollout.app.evaluation import Outcome, format_eval, pass_at_k, summarize
 from rollout.core.records import EpisodeSpec, EpisodeStatus, InteractionResult
@@ -218,20 +219,21 @@ def test_cli_eval_unknown_task_exits_2(tmp_path):
 
 
 # -- end to end: the CLI on the local stack ----------------------------------------------------------
-def _run_eval(out: Path, backend: str, task_ids: list[int]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollout", "eval", "--config", "configs/local.yaml", "--no-progress",
-         f"env.task_ids=[{','.join(map(str, task_ids))}]", "rollout.n_samples_per_task=2", "pool.num_actors=1",
-         f"local.backend={backend}", f"rollout.output_dir={out}"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
-    )
+@pytest.fixture
+def run_eval(local_stacks, shared_ray):
+    """``python -m rollout eval`` of retail tasks, twice each, on the shared head and the backend's shared stack."""
+    def _run_eval(out: Path, backend: str, task_ids: list[int]) -> subprocess.CompletedProcess:
+        return run_cli(["eval", "--config", "configs/local.yaml", "--no-progress", f"env.task_ids=[{','.join(map(str, task_ids))}]",
+                        "rollout.n_samples_per_task=2", "pool.num_actors=1", f"local.backend={backend}", f"rollout.output_dir={out}"],
+                       stack=local_stacks, ray=shared_ray, timeout=300)
+    return _run_eval
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_cli_eval_gold_replay_passes_every_k(tmp_path):
+def test_cli_eval_gold_replay_passes_every_k(tmp_path, run_eval):
     out = tmp_path / "eval"
-    proc = _run_eval(out, "gold_replay", [0, 1, 2])
+    proc = run_eval(out, "gold_replay", [0, 1, 2])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "pass^k" in proc.stdout and "pass@k" in proc.stdout and "retail: 3 tasks, 6 trials" in proc.stdout
     ev = json.loads((out / "eval.json").read_text())
@@ -250,17 +252,17 @@ def test_cli_eval_gold_replay_passes_every_k(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["command"], summary["status"], summary["episodes"]) == ("eval", "finished", 6)
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
-    again = _run_eval(out, "gold_replay", [0])
+    again = run_eval(out, "gold_replay", [0])
     assert again.returncode == 2 and "holds a run" in again.stderr and "--overwrite" in again.stderr, again.stderr[-2000:]
     assert json.loads((out / "eval.json").read_text())["n_samples_per_task"] == 2 and len((out / "episodes.jsonl").read_text().splitlines()) == 6
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_cli_eval_skip_write_matches_tau2_compute_metrics(tmp_path):
+def test_cli_eval_skip_write_matches_tau2_compute_metrics(tmp_path, run_eval):
     # retail 0 and 5 have a gold write action (skipped: reward 0); 10 and 25 have none (reward 1)
     out = tmp_path / "eval"
-    proc = _run_eval(out, "gold_replay_skip_write", [0, 5, 10, 25])
+    proc = run_eval(out, "gold_replay_skip_write", [0, 5, 10, 25])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     d = json.loads((out / "eval.json").read_text())["domains"]["retail"]
     rewards = {t: p["rewards"] for t, p in d["per_task"].items()}

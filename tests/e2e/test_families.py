@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli_env, run_cli, shared_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = [  # (chat format, offline vocabulary, the package it needs)
@@ -32,15 +33,17 @@ def _env() -> dict[str, str]:
     return dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
 
 
-def _main_job(tmp_path: Path, vocabulary: str, chat_format: str, *extra: str) -> tuple[dict, str]:
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress",
-         f"policy.tokenizer={vocabulary}", f"policy.chat_format={chat_format}", f"rollout.output_dir={out}", *extra],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads((out / "summary.json").read_text()), proc.stdout + proc.stderr
+@pytest.fixture
+def main_job(local_stacks, shared_ray):
+    """The main job with a family's vocabulary and chat format, on the shared head and the shared
+    gold-replay stack of that vocabulary and format: ``(summary, its output)``."""
+    def _main_job(tmp_path: Path, vocabulary: str, chat_format: str, *extra: str) -> tuple[dict, str]:
+        out = tmp_path / "run"
+        proc = run_cli(["run", "--config", "configs/local.yaml", "--no-progress", f"policy.tokenizer={vocabulary}",
+                        f"policy.chat_format={chat_format}", f"rollout.output_dir={out}", *extra], stack=local_stacks, ray=shared_ray, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return json.loads((out / "summary.json").read_text()), proc.stdout + proc.stderr
+    return _main_job
 
 
 def _check_call_ids(run: Path, chat_format: str, vocabulary: str) -> list[dict]:
@@ -64,21 +67,21 @@ def _check_call_ids(run: Path, chat_format: str, vocabulary: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("chat_format, vocabulary, package", FAMILIES, ids=IDS)
-def test_the_main_job_earns_reward_1_on_a_retail_task_in_every_family(tmp_path, chat_format, vocabulary, package):
+def test_the_main_job_earns_reward_1_on_a_retail_task_in_every_family(tmp_path, main_job, chat_format, vocabulary, package):
     if package:
         pytest.importorskip(package)
-    summary, _ = _main_job(tmp_path, vocabulary, chat_format, "env.task_ids=[0]", "pool.num_actors=1")
+    summary, _ = main_job(tmp_path, vocabulary, chat_format, "env.task_ids=[0]", "pool.num_actors=1")
     assert summary["status_counts"] == {"completed": 2}
     assert summary["mean_reward_per_domain"] == {"retail": 1.0}
     assert len(_check_call_ids(tmp_path / "run", chat_format, vocabulary)) == 2
 
 
-def test_mistral_rerender_keeps_the_call_ids_the_model_wrote_so_each_episode_stays_one_sequence(tmp_path):
+def test_mistral_rerender_keeps_the_call_ids_the_model_wrote_so_each_episode_stays_one_sequence(tmp_path, main_job):
     """policy.history=rerender re-encodes the kept conversation every turn; with the ids the model
     wrote kept, the re-encoding extends what was sampled, so merge_prefix keeps one sample per
     episode (before, every call's id was rewritten and each call turn started a new segment)."""
     pytest.importorskip("mistral_common")
-    summary, _ = _main_job(tmp_path, "builtin:mistral", "mistral", "env.domain=airline", "env.task_ids=[7]", "pool.num_actors=1",
+    summary, _ = main_job(tmp_path, "builtin:mistral", "mistral", "env.domain=airline", "env.task_ids=[7]", "pool.num_actors=1",
                            "policy.history=rerender", "rollout.sample_mode=merge_prefix")
     assert summary["status_counts"] == {"completed": 2}
     assert summary["mean_reward_per_domain"] == {"airline": 1.0}
@@ -87,20 +90,20 @@ def test_mistral_rerender_keeps_the_call_ids_the_model_wrote_so_each_episode_sta
 
 
 @pytest.mark.parametrize("chat_format, vocabulary, package", [f for f in FAMILIES if f[0] != "hermes"], ids=IDS[1:])
-def test_auto_picks_the_family_from_its_vocabulary_and_says_so(tmp_path, chat_format, vocabulary, package):
+def test_auto_picks_the_family_from_its_vocabulary_and_says_so(tmp_path, main_job, chat_format, vocabulary, package):
     pytest.importorskip(package)
-    summary, log = _main_job(tmp_path, vocabulary, "auto", "env.task_ids=[1]", "pool.num_actors=1", "logging.level=INFO")
+    summary, log = main_job(tmp_path, vocabulary, "auto", "env.task_ids=[1]", "pool.num_actors=1", "logging.level=INFO")
     assert summary["mean_reward_per_domain"] == {"retail": 1.0}
     assert f"policy.chat_format=auto: chat format {chat_format} for tokenizer {vocabulary}" in log
 
 
 @pytest.mark.extended
 @pytest.mark.parametrize("chat_format, vocabulary, package", FAMILIES, ids=IDS)
-def test_the_main_job_earns_reward_1_on_every_retail_task_in_every_family(tmp_path, chat_format, vocabulary, package):
+def test_the_main_job_earns_reward_1_on_every_retail_task_in_every_family(tmp_path, main_job, chat_format, vocabulary, package):
     """Extended (out of CI: the whole split, 228 episodes per family; the one-task test covers the path)."""
     if package:
         pytest.importorskip(package)
-    summary, _ = _main_job(tmp_path, vocabulary, chat_format)
+    summary, _ = main_job(tmp_path, vocabulary, chat_format)
     assert summary["status_counts"] == {"completed": 228}
     assert summary["mean_reward_per_domain"] == {"retail": 1.0}
 
@@ -125,12 +128,12 @@ def test_the_exactness_check_passes_with_every_familys_vocabulary(tmp_path, chat
     assert diff <= 1e-3 and "PASS" in out
 
 
+TRAINER_OVERRIDES = ["env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "pool.num_actors=1", "policy.tokenizer=builtin:deepseek-v4",
+                     "policy.chat_format=auto"]
 TRAINER_SCRIPT = """
 import sys
 from rollout import Batch, load_config, open_pool
-cfg = load_config("configs/local.yaml", ["env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "pool.num_actors=1",
-                                         "policy.tokenizer=builtin:deepseek-v4", "policy.chat_format=auto",
-                                         "rollout.output_dir=" + sys.argv[1]])
+cfg = load_config("configs/local.yaml", sys.argv[2:] + ["rollout.output_dir=" + sys.argv[1]])
 with open_pool(cfg) as (cfg, pool, task_ids):
     groups = pool.collect_groups(2, iter(task_ids), abort_surplus=False)
     samples = [s for g in groups for s in g]
@@ -147,13 +150,12 @@ with open_pool(cfg) as (cfg, pool, task_ids):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_trainer_api_streams_a_familys_samples(tmp_path):
+def test_the_trainer_api_streams_a_familys_samples(tmp_path, local_stacks, shared_ray):
     """The trainer API (open_pool, collect_groups, Batch) with DeepSeek-V4's vocabulary, auto-detected:
     the same guarantee as the CLI (gold replay, reward 1.0), on samples a trainer receives."""
     pytest.importorskip("renderers")
-    env = _env()
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", TRAINER_SCRIPT, str(tmp_path / "run")], cwd=ROOT, env=env,
+    overrides = TRAINER_OVERRIDES + shared_overrides("configs/local.yaml", TRAINER_OVERRIDES, stack=local_stacks, ray=shared_ray)
+    proc = subprocess.run([sys.executable, "-c", TRAINER_SCRIPT, str(tmp_path / "run"), *overrides], cwd=ROOT, env=cli_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("samples "))

@@ -2,6 +2,8 @@
 
 Each test starts ``python -m rollout run`` in its own session on the local stack, stops it, checks
 that nothing it started is left running, and resumes it: every episode is delivered exactly once.
+Where what the job starts is not the subject (a run finished but not marked so), it runs on the
+session's shared Ray head and local stack (``support.cli``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.cli import command
 
 from rollout.core.output import read_samples
 
@@ -280,12 +283,16 @@ def test_losing_the_ray_head_ends_the_run_with_a_summary_leaves_nothing_and_resu
     _resume_and_check(out)
 
 
-def test_resuming_a_run_whose_every_episode_was_delivered_finishes_it(tmp_path):
+def test_resuming_a_run_whose_every_episode_was_delivered_finishes_it(tmp_path, local_stacks, shared_ray):
     """A driver killed after its last episode was journaled but before it marked the run finished
     (and before the last group reached samples.jsonl): ``--resume`` has nothing to run, finishes
     the run (exit 0, summary written, status finished) and writes every sample exactly once."""
     out = tmp_path / "run"
-    first = subprocess.run(_args(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+
+    def shared(*extra: str) -> list[str]:
+        return command(_args(out, *extra)[3:], stack=local_stacks, ray=shared_ray)
+
+    first = subprocess.run(shared(), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     # what the killed driver leaves: run.json still "running", no summary, the last sample not yet in its view
     state = json.loads((out / "run.json").read_text())
@@ -294,7 +301,7 @@ def test_resuming_a_run_whose_every_episode_was_delivered_finishes_it(tmp_path):
     lines = (out / "samples.jsonl").read_text().splitlines(keepends=True)
     (out / "samples.jsonl").write_text("".join(lines[:-1]))
 
-    done = subprocess.run(_args(out, "--resume"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(shared("--resume"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "config error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "8 episode(s) delivered before, 0 to run" in done.stderr

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.cli import run_cli
 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_the_cli_counts_cut_turns_in_its_table_and_summary(tmp_path):
+def test_the_cli_counts_cut_turns_in_its_table_and_summary(tmp_path, local_stacks, shared_ray):
     """The main job on the local stack with a budget below the gold replies: every first turn is
     cut; the table and summary.json count them. (With ``rollout.keep_messages=false``: the files
     carry no conversation. With ``pool.metrics=false``: the actors say they record no metrics.)"""
     out = tmp_path / "run"
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,1]",
-                           "rollout.n_samples_per_task=1", "pool.num_actors=1", "policy.sampling.max_new_tokens=8", "rollout.keep_messages=false",
-                           "pool.metrics=false", f"rollout.output_dir={out}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(["run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,1]", "rollout.n_samples_per_task=1",
+                    "pool.num_actors=1", "policy.sampling.max_new_tokens=8", "rollout.keep_messages=false", "pool.metrics=false",
+                    f"rollout.output_dir={out}"], stack=local_stacks, ray=shared_ray)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status_counts"] == {"truncated": 2} and summary["length_cut_turns"] == 2

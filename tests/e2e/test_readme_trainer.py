@@ -1,7 +1,9 @@
 """The README's trainer example runs as it is written: its first ``python`` block under "Using it
 from a Ray-based trainer" is read from README.md and run in a fresh interpreter from the
 folder holding a copy of the repository's ``configs/`` (so that what it writes stays in the test's
-folder): the local stack, a local Ray, gold replay; about 40 s here."""
+folder): the local stack (its own: the example updates its weights), gold replay, and Ray as a
+trainer's cluster is found when ``pool.ray_address`` is null: ``RAY_ADDRESS``, here the session's
+shared head; about 40 s here."""
 
 from __future__ import annotations
 
@@ -25,12 +27,11 @@ def readme_trainer_snippet() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readme_trainer_snippet_runs_as_written(tmp_path):
+def test_the_readme_trainer_snippet_runs_as_written(tmp_path, shared_ray):
     code = readme_trainer_snippet()
     assert "from rollout import" in code and "open_pool(cfg)" in code and "update_weights_from_disk" in code
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.pop("RAY_ADDRESS", None)
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", RAY_ADDRESS=shared_ray.address)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 from rollout.core.groups import Excluded
 from rollout.core.output import read_samples
@@ -34,15 +35,12 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """The CLI main job, journaled in its output folder."""
+def run_dir(tmp_path_factory, local_stacks, shared_ray) -> Path:
+    """The CLI main job (on the session's shared head and stack), journaled in its output folder."""
     out = tmp_path_factory.mktemp("replay") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,2,36,37]",
-         "env.max_steps=8", "rollout.n_samples_per_task=2", "rollout.train_statuses=[completed]", "rollout.max_member_reruns=1",
-         "pool.num_actors=1", "pool.max_concurrent_episodes=4", "pool.ray_address=local", f"rollout.output_dir={out}"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400,
-    )
+    proc = run_cli(["run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0,2,36,37]", "env.max_steps=8",
+                    "rollout.n_samples_per_task=2", "rollout.train_statuses=[completed]", "rollout.max_member_reruns=1", "pool.num_actors=1",
+                    "pool.max_concurrent_episodes=4", f"rollout.output_dir={out}"], stack=local_stacks, ray=shared_ray, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 

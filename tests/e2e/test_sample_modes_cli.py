@@ -7,24 +7,24 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = "env.task_ids=[0,1,2]"
 
 
-def _run(out: Path, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "rollout", command, "--config", "configs/local.yaml", "--no-progress", *overrides,
-                           f"rollout.output_dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+@pytest.fixture
+def _run(local_stacks, shared_ray):
+    """The main job (or ``command="eval"``) on the session's shared head and gold-replay stack."""
+    def run(out: Path, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
+        proc = run_cli([command, "--config", "configs/local.yaml", "--no-progress", *overrides, f"rollout.output_dir={out}"],
+                       stack=local_stacks, ray=shared_ray)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+    return run
 
 
 def _lines(path: Path) -> list[dict]:
@@ -35,7 +35,7 @@ def _lines(path: Path) -> list[dict]:
 @pytest.mark.ray
 @pytest.mark.parametrize("tasks", [pytest.param(TASKS, id="3-tasks"),
                                    pytest.param("env.task_ids=null", id="all-retail", marks=pytest.mark.extended)])
-def test_the_main_job_in_each_sample_mode(tmp_path, tasks):
+def test_the_main_job_in_each_sample_mode(tmp_path, _run, tasks):
     masked, samples = {}, {}
     for mode in ("trajectory", "per_turn", "merge_prefix"):
         out = tmp_path / mode
@@ -90,7 +90,7 @@ def test_the_main_job_in_each_sample_mode(tmp_path, tasks):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_eval_counts_episodes_not_samples_in_per_turn_mode(tmp_path):
+def test_eval_counts_episodes_not_samples_in_per_turn_mode(tmp_path, _run):
     _run(tmp_path / "eval", TASKS, "pool.num_actors=1", "rollout.sample_mode=per_turn", command="eval")
     summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
     d = summary["domains"]["retail"]

@@ -10,21 +10,21 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.cli import command
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEP_S = 8.0  # the shell's own work before the exec; more than the job spends after its actors are ready
 pytestmark = pytest.mark.slow
 
 
-def test_a_job_execd_after_shell_work_counts_its_startup_from_the_interpreter(tmp_path):
+def test_a_job_execd_after_shell_work_counts_its_startup_from_the_interpreter(tmp_path, local_stacks, shared_ray):
     out = tmp_path / "run"
-    job = [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0]",
-           "rollout.n_samples_per_task=1", "pool.num_actors=1", f"rollout.output_dir={out}"]
+    job = command(["run", "--config", "configs/local.yaml", "--no-progress", "env.task_ids=[0]", "rollout.n_samples_per_task=1",
+                   "pool.num_actors=1", f"rollout.output_dir={out}"], stack=local_stacks, ray=shared_ray)
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()

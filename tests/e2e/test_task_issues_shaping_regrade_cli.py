@@ -8,7 +8,9 @@ sets (tests/support/changed_tasks.py) stand in for tau2-bench >= 1.0's: ``tau2_i
 open issues on tasks 4, 5, 7 and a resolved one on 9) and ``tau2_changed`` (task 0 loses its gold
 exchange, task 2 gains an expected output, task 5 is reworded). They are declared as entry points
 of a ``*.dist-info`` folder on ``PYTHONPATH``, as an installed plugin package would be, so that the
-CLI, its Ray actors and the local stack find them by name. The same against the real tau2-bench
+CLI, its Ray actors and the local stack find them by name: the run starts its own local stack (its
+servers need the entry points too) and runs its actors on the session's shared Ray head, with that
+``PYTHONPATH`` as its job's runtime environment. The same against the real tau2-bench
 v1.0.1, where it is installed: tests/e2e/test_regrade_tau3.py.
 """
 
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 from support import changed_tasks
+from support.cli import run_cli
+from support.shared_ray import job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -32,7 +36,8 @@ SHAPERS = "[action_aware,turn_discount]"
 
 
 def _env(plugins: Path) -> dict[str, str]:
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONPATH=os.pathsep.join([str(plugins), str(TESTS)]))
+    path = os.pathsep.join(filter(None, [str(plugins), str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONPATH=path)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
     return env
@@ -45,14 +50,13 @@ def plugins(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def run(plugins, tmp_path_factory):
+def run(plugins, tmp_path_factory, shared_ray):
     out = tmp_path_factory.mktemp("issue31") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "env.benchmark=tau2_issues",
-         f"env.task_ids=[{','.join(TASKS)}]", "rollout.n_samples_per_task=1", "pool.num_actors=1",
-         f"rollout.reward_shaping.shapers={SHAPERS}", "rollout.reward_shaping.turn_discount=0.9", f"rollout.output_dir={out}"],
-        cwd=ROOT, env=_env(plugins), capture_output=True, text=True, timeout=420,
-    )
+    env = _env(plugins)
+    proc = run_cli(["run", "--config", "configs/local.yaml", "--no-progress", "env.benchmark=tau2_issues", f"env.task_ids=[{','.join(TASKS)}]",
+                    "rollout.n_samples_per_task=1", "pool.num_actors=1", f"rollout.reward_shaping.shapers={SHAPERS}",
+                    "rollout.reward_shaping.turn_discount=0.9", f"rollout.output_dir={out}"],
+                   ray=shared_ray, env=job_env(env, {"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}), timeout=420)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out, proc.stdout
 

@@ -58,9 +58,10 @@ def test_rollout_ahead_must_leave_part_of_the_next_batch_to_start_after_training
 
 
 @pytest.fixture(scope="module")
-def live_run(tmp_path_factory):
-    """Two steps of one group on the local stack, the figures also to TensorBoard (when the
-    'logging' extra is installed): ``(output dir, the finished process)``."""
+def live_run(tmp_path_factory, shared_ray):
+    """Two steps of one group on a local stack of its own (its weights are updated) and the
+    session's shared Ray head, the figures also to TensorBoard (when the 'logging' extra is
+    installed): ``(output dir, the finished process)``."""
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("grpo") / "grpo"
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
@@ -69,7 +70,7 @@ def live_run(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--config", "configs/local.yaml", "local.backend=tiny", "--steps", "2", "--groups-per-step", "1",
          "env.task_ids=[10,25]", "rollout.n_samples_per_task=2", "policy.sampling.max_new_tokens=128", "pool.num_actors=1",
-         "pool.ray_address=local", f"rollout.output_dir={out}", *logger],
+         shared_ray.override(), f"rollout.output_dir={out}", *logger],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
     )
     return out, proc
@@ -149,7 +150,7 @@ def test_replaying_the_runs_output_gives_the_trainer_the_same_groups_in_the_same
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_grpo_example_trains_on_per_turn_samples(tmp_path):
+def test_the_grpo_example_trains_on_per_turn_samples(tmp_path, shared_ray):
     """rollout.sample_mode=per_turn over a re-rendered history (policy.history=rerender): every
     sample of a group's episodes is trained with its episode's advantage; the log-probs of every
     per-turn sample (its own tokens, the weights that sampled each token) match, and every episode
@@ -161,7 +162,7 @@ def test_the_grpo_example_trains_on_per_turn_samples(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--config", "configs/local.yaml", "local.backend=tiny", "--steps", "2", "--groups-per-step", "1",
          "env.task_ids=[10,25]", "rollout.n_samples_per_task=2", "policy.sampling.max_new_tokens=64", "pool.num_actors=1",
-         "pool.ray_address=local", "rollout.sample_mode=per_turn", "policy.history=rerender", f"rollout.output_dir={out}"],
+         shared_ray.override(), "rollout.sample_mode=per_turn", "policy.history=rerender", f"rollout.output_dir={out}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

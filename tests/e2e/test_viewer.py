@@ -9,7 +9,7 @@ reward 0): task 0 changed reward, task 2 did not, task 1 is in A only. Run E is 
 (``python -m rollout eval``, retail tasks 0 and 1 twice each, gold replay) with DeepSeek-V4's
 vocabulary, whose special tokens (``<｜User｜>``: U+FF5C) no font of this machine draws.
 
-The viewer runs as its own process on 127.0.0.1 (``--port 0``), started and stopped (SIGTERM, by
+The runs join the session's shared Ray head and local stacks (``support.cli``). The viewer runs as its own process on 127.0.0.1 (``--port 0``), started and stopped (SIGTERM, by
 pid) by each test. The browser tests drive headless Chromium (Debian's ``chromium`` package) with
 Playwright; where either is missing they are skipped with how to install them.
 """
@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("ROLLOUT_CHROMIUM", "/usr/bin/chromium")
@@ -47,11 +48,15 @@ def _env() -> dict:
     return env
 
 
-def _cli_run(out: Path, *overrides: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "rollout", "run", "--config", "configs/local.yaml", "--no-progress", "pool.num_actors=1",
-                           *overrides, f"rollout.output_dir={out}"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+@pytest.fixture(scope="module")
+def cli_run(local_stacks, shared_ray):
+    """The main job with ``overrides`` into ``out``, on the session's shared head and the stack of its kind."""
+    def run(out: Path, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
+        proc = run_cli([command, "--config", "configs/local.yaml", "--no-progress", "pool.num_actors=1", *overrides, f"rollout.output_dir={out}"],
+                       stack=local_stacks, ray=shared_ray)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+    return run
 
 
 def _lines(path: Path) -> list[dict]:
@@ -59,42 +64,39 @@ def _lines(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def run_a(tmp_path_factory) -> Path:
+def run_a(tmp_path_factory, cli_run) -> Path:
     out = tmp_path_factory.mktemp("viewer") / "gold"
-    _cli_run(out, "env.task_ids=[0,1,2]", "rollout.n_samples_per_task=2", "env.max_steps=8")
+    cli_run(out, "env.task_ids=[0,1,2]", "rollout.n_samples_per_task=2", "env.max_steps=8")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status_counts"] == {"completed": 4, "max_steps": 2}, summary
     return out
 
 
 @pytest.fixture(scope="module")
-def run_b(tmp_path_factory) -> Path:
+def run_b(tmp_path_factory, cli_run) -> Path:
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("viewer") / "tiny"
-    _cli_run(out, "env.task_ids=[0,2]", "rollout.n_samples_per_task=1", "local.backend=tiny", "policy.sampling.max_new_tokens=24", "env.max_steps=2")
+    cli_run(out, "env.task_ids=[0,2]", "rollout.n_samples_per_task=1", "local.backend=tiny", "policy.sampling.max_new_tokens=24", "env.max_steps=2")
     return out
 
 
 @pytest.fixture(scope="module")
-def run_c(tmp_path_factory) -> Path:
+def run_c(tmp_path_factory, cli_run) -> Path:
     """Airline task 2 with gold replay grows past a 6000-token context: drop_tool_results compacts
     it twice, so its episode sample has three segments (tests/e2e/test_context_cli.py)."""
     out = tmp_path_factory.mktemp("viewer") / "compacted"
-    _cli_run(out, "env.domain=airline", "env.task_ids=[2]", "rollout.n_samples_per_task=1", "policy.max_context_tokens=6000",
+    cli_run(out, "env.domain=airline", "env.task_ids=[2]", "rollout.n_samples_per_task=1", "policy.max_context_tokens=6000",
              "policy.context_headroom_tokens=256", "policy.context_strategy=drop_tool_results")
     return out
 
 
 @pytest.fixture(scope="module")
-def run_eval(tmp_path_factory) -> Path:
+def run_eval(tmp_path_factory, cli_run) -> Path:
     """``python -m rollout eval`` with DeepSeek-V4's vocabulary and chat format (the run folder it writes)."""
     pytest.importorskip("renderers")
     out = tmp_path_factory.mktemp("viewer") / "eval"
-    proc = subprocess.run([sys.executable, "-m", "rollout", "eval", "--config", "configs/local.yaml", "--no-progress", "pool.num_actors=1",
-                           "env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "policy.tokenizer=builtin:deepseek-v4",
-                           "policy.chat_format=deepseek-v4", f"rollout.output_dir={out}"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = cli_run(out, "env.task_ids=[0,1]", "rollout.n_samples_per_task=2", "policy.tokenizer=builtin:deepseek-v4",
+                   "policy.chat_format=deepseek-v4", command="eval")
     assert "retail: 2 tasks, 4 trials" in proc.stdout, proc.stdout
     return out
 

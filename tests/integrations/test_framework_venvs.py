@@ -42,6 +42,7 @@ def test_the_integration_passes_against_the_real_framework_in_its_own_environmen
                           capture_output=True, text=True, timeout=1700)
     tail = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, tail
-    summary = proc.stdout.strip().splitlines()[-1]
+    # pytest's own summary line (the suite's last lines follow it: retries, unexpected skips)
+    summary = next(line for line in reversed(proc.stdout.strip().splitlines()) if re.search(r"\d+ (passed|failed|error)", line))
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) == _tests_in(test_file) and "skipped" not in summary and "failed" not in summary, tail

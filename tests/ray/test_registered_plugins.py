@@ -7,10 +7,11 @@ the mode shapes the samples in the driver.
 The registration is made by path in the driver and reaches the actors through the pool
 (``rollout.core.registry.registered_paths`` -> each actor's ``restore_paths``). The module the path
 names must be importable in the actors' processes as well: the driver runs in a process of its
-own with ``tests/`` on its ``PYTHONPATH`` and starts a local Ray cluster (``pool.ray_address:
-local``), whose workers inherit that environment, as a user's plugin module on ``PYTHONPATH`` (or
-an installed package) is found. (The pytest process's ``sys.path`` is not the actors': the shared
-``ray_cluster`` fixture's workers could not import ``support.toy_plugins``.)
+own with ``tests/`` on its ``PYTHONPATH``, and its job on the session's shared Ray head has that
+``PYTHONPATH`` as its runtime environment (``support.shared_ray.job_env``, Ray's way of handing a
+submitted job's environment to its driver), so that its actors find the module as a user's plugin
+module on ``PYTHONPATH`` (or an installed package) is found. (The head's own workers do not have
+``tests/`` on their path: tests/ray/test_shared_head.py.) The local stack is the session's airline one.
 
 Airline tasks 2, 14, 17 and 22 with gold replay grow past a 6000-token context (the first prompt
 alone is about 4.9k tokens), as in tests/e2e/test_context_cli.py.
@@ -25,6 +26,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli_env, stack_overrides
+from support.shared_ray import job_env
+
+from rollout.core.config import load_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -36,7 +41,6 @@ pool:
   num_actors: 1
   max_concurrent_episodes: 4
   num_cpus_per_actor: 0.5
-  ray_address: local          # a cluster of this driver's own: its workers inherit PYTHONPATH
 policy:
   max_context_tokens: {BUDGET}
   context_headroom_tokens: 256
@@ -62,7 +66,7 @@ from support.toy_plugins import TOY_MARKER
 
 register_sample_mode("toy_last_segment", "support.toy_plugins:ToyLastSegment")
 register_context_strategy("toy_compact", "support.toy_plugins:ToyCompaction")
-cfg = load_config(sys.argv[1], ["rollout.output_dir=" + sys.argv[2]])
+cfg = load_config(sys.argv[1], ["rollout.output_dir=" + sys.argv[2]] + sys.argv[3:])
 with open_pool(cfg) as (cfg, pool, task_ids):
     groups = pool.collect_groups(len(task_ids), iter(task_ids), abort_surplus=False)
 tok = load_tokenizer(cfg.policy.tokenizer)
@@ -76,13 +80,17 @@ print("ROWS " + json.dumps(rows))
 """
 
 
-def test_a_registered_sample_mode_and_context_strategy_selected_in_yaml_run_on_the_ray_pool(tmp_path):
+def test_a_registered_sample_mode_and_context_strategy_selected_in_yaml_run_on_the_ray_pool(tmp_path, airline_stack, shared_ray):
     config = tmp_path / "toy.yaml"
     config.write_text(CONFIG)
     out = tmp_path / "run"
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = job_env(cli_env(PYTHONPATH=path), {"env_vars": {"PYTHONPATH": path}})
+    # the YAML names no user simulator or judge: their endpoints resolve as the default config's (this
+    # process cannot load the YAML itself: the toy names are registered in the driver only)
+    shared = stack_overrides(load_config(None, ["local.enabled=true"]), airline_stack.router_url) + [shared_ray.override()]
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config), str(out), *shared], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))[5:])
     # the sample mode shaped the samples (in the driver): one per episode, its last segment, tagged

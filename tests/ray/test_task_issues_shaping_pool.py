@@ -7,9 +7,10 @@ selection ``open_pool`` gives with ``env.open_issues=skip`` (the default) leaves
 
 The task set with open issues (``tau2_issues``: retail 4, 5, 7 open, 9 resolved;
 tests/support/changed_tasks.py) is declared as an entry point of a ``*.dist-info`` folder on the
-driver's ``PYTHONPATH``; the driver runs in a process of its own and starts a local Ray cluster of
-its own (``pool.ray_address: local``), whose actors inherit that environment and so find the task
-set by name, as they would an installed plugin package (tests/ray/test_registered_plugins.py).
+driver's ``PYTHONPATH``; the driver runs in a process of its own, starts its own local stack (its
+servers need the entry points too) and runs its actors on the session's shared Ray head with that
+``PYTHONPATH`` as its job's runtime environment, so that they find the task set by name, as they
+would an installed plugin package (tests/ray/test_registered_plugins.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from support import changed_tasks
+from support.cli import cli_env
+from support.shared_ray import job_env
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -33,7 +36,6 @@ pool:
   num_actors: 1
   max_concurrent_episodes: 4
   num_cpus_per_actor: 0.5
-  ray_address: local          # a cluster of this driver's own: its workers inherit PYTHONPATH
 env:
   benchmark: tau2_issues
   domain: retail
@@ -54,7 +56,7 @@ DRIVER = """
 import json, sys
 from rollout import load_config, open_pool
 from rollout.app.preflight import check_task_selection
-overrides = ["rollout.output_dir=" + sys.argv[2]]
+overrides = ["rollout.output_dir=" + sys.argv[2]] + sys.argv[3:]
 skip = check_task_selection(load_config(sys.argv[1], overrides + ["env.open_issues=skip"]))
 with open_pool(load_config(sys.argv[1], overrides)) as (cfg, pool, task_ids):
     groups = pool.collect_groups(len(task_ids), iter(task_ids), abort_surplus=False)
@@ -65,15 +67,13 @@ print("RESULT " + json.dumps({"task_ids": task_ids, "skip_task_ids": skip.task_i
 """
 
 
-def test_the_pool_gives_a_trainer_the_raw_reward_shaping_and_task_issues(tmp_path):
+def test_the_pool_gives_a_trainer_the_raw_reward_shaping_and_task_issues(tmp_path, shared_ray):
     config = tmp_path / "issues.yaml"
     config.write_text(CONFIG)
     plugins = changed_tasks.write_entry_points(tmp_path / "plugins")
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(plugins), str(TESTS), os.environ.get("PYTHONPATH")])))
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config), str(tmp_path / "run")], cwd=ROOT, env=env,
+    path = os.pathsep.join(filter(None, [str(plugins), str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = job_env(cli_env(PYTHONPATH=path), {"env_vars": {"PYTHONPATH": path}})
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config), str(tmp_path / "run"), shared_ray.override()], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     got = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])

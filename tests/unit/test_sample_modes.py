@@ -177,7 +177,6 @@ def test_files_summary_and_resume_in_per_turn_mode(tmp_path):
 
 
 def test_slime_converts_per_turn_samples():
-    pytest.importorskip("tau2")
     from rollout.integrations.slime import slime_fields
 
     res, _ = record()
