@@ -4,6 +4,7 @@ no healthy actor at all, an interrupt, and a journaled run resumed by a new pool
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 from support.raypool import pool_config as _cfg
