@@ -26,7 +26,7 @@ def test_a_real_full_disk_keeps_whole_lines_names_the_file_and_a_resume_after_fr
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed: no tmpfs of the test's own")
     ns = ["-m"] if os.geteuid() == 0 else ["-U", "-r", "-m"]
-    proc = subprocess.run(["unshare", *ns, "--propagation", "private", sys.executable, str(CHILD), str(tmp_path / "run")],
+    proc = subprocess.run(["unshare", *ns, "--propagation", "private", sys.executable, str(CHILD), str(tmp_path / "disk")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 and "mount" in proc.stderr and ("permission" in proc.stderr.lower() or "not permitted" in proc.stderr):
         pytest.skip(f"no tmpfs could be mounted here: {proc.stderr.strip().splitlines()[-1]}")

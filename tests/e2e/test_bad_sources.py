@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.retries import RAY_DID_NOT_START, Attempts
 
 from rollout.app import cli
 from rollout.app.preflight import PreflightError
@@ -155,14 +156,13 @@ def test_user_base_url_where_nothing_listens(tmp_path, capsys):
     """The user simulator's endpoint is checked by the preflight once the local stack is up (it
     may be the stack's own router); a dead one is one line, and the stack is stopped again."""
     url = f"http://127.0.0.1:{_closed_port()}/v1"
-    for tries in range(1, 4):
-        # Ray starts beside the local stack (startup overlapped) and gives its raylet a fixed 30 s
-        # to register (ray/_private/node.py): at CI's load it once did not, before this check ran.
-        # That is Ray's start, not what this test checks, so the run is tried again (at most 3 times).
-        rc, line, _ = _run(tmp_path / str(tries), capsys, "env.user.kind=llm", "env.user.model=m", f"env.user.base_url={url}")
-        if "Ray's new local cluster did not start" not in line or tries == 3:
-            break
-        print(f"try {tries}: {line}; again")
+    tries = Attempts(3, "a new local Ray cluster starts within Ray's fixed 30 s (it starts beside the local stack)")
+    for n in tries:
+        rc, line, _ = _run(tmp_path / str(n), capsys, "env.user.kind=llm", "env.user.model=m", f"env.user.base_url={url}")
+        if RAY_DID_NOT_START in line:
+            tries.not_met(line)
+            continue
+        break
     assert rc == 2 and line.startswith("error: user simulator") and url.removesuffix("/v1") in line and "does not answer" in line, line
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from support.ray_head import ray_head
+from support.stacks import versions_kept
 
 from rollout.core.telemetry import METRICS, Kind
 from rollout.core.telemetry import registry as R
@@ -134,7 +135,7 @@ def expected_problems(samples: list[Sample], report: dict) -> list[str]:
 
 def test_a_run_s_metrics_are_scraped_from_ray_s_export_port_with_the_right_counts(retail_stack, tmp_path):
     report_path = tmp_path / "report.json"
-    with ray_head(_env(), include_dashboard=False) as head, open(tmp_path / "driver.log", "w") as log:
+    with versions_kept(retail_stack), ray_head(_env(), include_dashboard=False) as head, open(tmp_path / "driver.log", "w") as log:
         driver = subprocess.Popen([sys.executable, str(DRIVER), "--address", head.gcs_address, "--router-url", retail_stack.router_url,
                                    "--out", str(report_path)], env=head.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                   text=True, start_new_session=True)

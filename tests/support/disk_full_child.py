@@ -32,10 +32,14 @@ def _sample(spec) -> TrainingSample:
                           status="completed", group_id=spec.group_id, sample_index=spec.sample_index, metadata={"episode_id": spec.episode_id})
 
 
-def main(d: Path) -> dict:
-    d.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], check=True)
-    (d / "filler").write_bytes(bytes(2 * 2**20))
+def main(disk: Path) -> dict:
+    """The run goes into ``disk/run`` on a 4 MiB tmpfs mounted at ``disk``, half of it taken by a
+    file beside the run's folder (a run's folder holding other files is refused)."""
+    disk.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    filler = disk / "filler"
+    filler.write_bytes(bytes(2 * 2**20))
+    d = disk / "run"
     cfg = load_config(None, ["local.enabled=true", f"rollout.output_dir={d}"])
     specs = make_specs("retail", [str(i) for i in range(80)], 1, prefix="b0:")
     journal, writer = RunJournal.open(d, cfg), RunWriter(d)
@@ -57,7 +61,7 @@ def main(d: Path) -> dict:
             close()
         except OutputWriteError as e:  # run.json / summary.json on the full disk: the old one stays
             report.setdefault("close_errors", []).append(str(e.path.name))
-    (d / "filler").unlink()  # space freed
+    filler.unlink()  # space freed
     resumed, writer = RunJournal.open(d, cfg, resume=True), RunWriter(d, resume=True)
     for eid, sample in resumed.delivered.items():  # what the CLI's restore hands the writer again
         writer.add_group([sample])

@@ -30,6 +30,10 @@ import pytest
 
 ENV = "TAU_ROLLOUT_RETRY_LOG"
 
+# The CLI's line when a new local Ray did not start: Ray gives its raylet a fixed 30 s to register
+# (ray/_private/node.py), which a busy machine can miss before anything the test checks has run.
+RAY_DID_NOT_START = "Ray's new local cluster did not start"
+
 
 def record(test: str, what: str, reason: str) -> None:
     """Append one retry to the session's log (a no-op outside a pytest session that set the file)."""

@@ -19,9 +19,12 @@ idle servers behind for the rest of the session.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import urllib.request
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from rollout.core.choices import LocalBackend
@@ -106,3 +109,21 @@ class LocalStacks:
         for stack in self._stacks.values():
             stack.stop()
         self._stacks.clear()
+
+
+@contextlib.contextmanager
+def versions_kept(stack: LocalStack) -> Iterator[None]:
+    """Put every worker of a shared gold-replay ``stack`` back on the weight version it serves now,
+    when the block ends (a test that updates a shared stack's weights: a gold-replay server loads
+    nothing on an update, only its version changes)."""
+    before = {}
+    for u in stack.worker_urls:
+        with urllib.request.urlopen(u + "/get_server_info", timeout=30) as r:
+            before[u] = str(json.loads(r.read())["weight_version"])
+    try:
+        yield
+    finally:
+        for u, version in before.items():
+            req = urllib.request.Request(u + "/update_weights_from_disk", json.dumps({"model_path": "reset", "weight_version": version}).encode(),
+                                         {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
